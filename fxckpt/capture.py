@@ -1,0 +1,53 @@
+"""GraphModule + example inputs -> a callable whose forward and backward follow
+fxckpt's plan. AOTAutograd traces the joint graph (make_fx, with fake tensors
+on every node) and hands it to the Planner as its partition function; the two
+graphs it returns go to the inner compiler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._functorch.aot_autograd import aot_module_simplified, boxed_nop_preserve_node_meta
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from .pipeline import Planner
+
+
+def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Planner):
+    if planner.options.compiler == "eager":
+        return aot_module_simplified(
+            gm, example_inputs,
+            fw_compiler=boxed_nop_preserve_node_meta,
+            bw_compiler=boxed_nop_preserve_node_meta,
+            partition_fn=planner,
+        )
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs,
+                      config_patches={"custom_partitioner_fn": _InductorPartitioner(planner)})
+
+
+class _InductorPartitioner(CustomPartitionerFn):
+    """Inductor runs its joint-graph passes, then asks us to partition."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs):
+        kwargs.pop("compiler", None)
+        return self.planner(gm, joint_inputs, **kwargs)
+
+    def uuid(self):
+        # The plan depends on options and policies that do not hash reliably;
+        # returning None keeps Inductor from reusing a cached partition, so the
+        # Planner always runs and always records its plan.
+        return None
+
+
+def needs_grad(gm: torch.nn.Module, example_inputs) -> bool:
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return torch.is_grad_enabled() and (
+        any(t.requires_grad for t in tensors)
+        or any(p.requires_grad for p in gm.parameters()))

@@ -1,0 +1,31 @@
+"""Errors fxckpt raises. Each message names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class FxckptError(RuntimeError):
+    """Base class for errors raised by fxckpt."""
+
+
+class BudgetError(FxckptError):
+    """A memory budget cannot be met by any plan for this graph.
+
+    ``floor_bytes`` is the smallest budget that can be met; ``dominated_by``
+    says what that floor is made of.
+    """
+
+    def __init__(self, message: str, *, floor_bytes: int | None = None,
+                 dominated_by: str = "") -> None:
+        super().__init__(message)
+        self.floor_bytes = floor_bytes
+        self.dominated_by = dominated_by
+
+
+class PolicyError(FxckptError, ValueError):
+    """A policy asked for something that cannot be done (for example to
+    recompute an op with side effects)."""
+
+
+class PlanError(FxckptError):
+    """A plan or a rewritten graph failed verification. This is a bug in
+    fxckpt: the plan never runs."""

@@ -1,0 +1,61 @@
+"""fxckpt.explain: the Plan for a model or graph, without training it."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+
+from .backend import Backend, _node_policy
+from .errors import FxckptError
+from .options import Options
+from .types import Plan
+
+
+def explain(model_or_gm, *example_inputs, budget=None, policy=None,
+            solver: str = "auto") -> Plan:
+    """Plan checkpointing for ``model_or_gm`` on ``example_inputs`` and return the
+    Plan. A GraphModule is planned directly; an nn.Module is captured with
+    Dynamo on a copy (its buffers and your RNG are left untouched), which runs
+    one forward on the example inputs."""
+    if isinstance(model_or_gm, fx.GraphModule):
+        from .transform import transform
+
+        plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
+                         compiler="eager", solver=solver).plan
+        if plan is None:
+            raise FxckptError(_NO_GRAD)
+        return plan
+    if not isinstance(model_or_gm, torch.nn.Module) and not callable(model_or_gm):
+        raise TypeError(f"explain takes an nn.Module or a GraphModule, got "
+                        f"{type(model_or_gm).__name__}")
+    options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver)
+    be = Backend(options, node_policy=_node_policy(options.policy))
+    model = copy.deepcopy(model_or_gm) if isinstance(model_or_gm, torch.nn.Module) \
+        else model_or_gm
+    torch._dynamo.reset()
+    with torch.random.fork_rng(devices=_devices(example_inputs)):
+        torch.compile(model, backend=be)(*example_inputs)
+    torch._dynamo.reset()
+    if not be.plans:
+        if be.graphs_without_backward:
+            raise FxckptError(_NO_GRAD)
+        raise FxckptError(
+            "Dynamo captured no graph from this model, so there is nothing to plan; "
+            "run with TORCH_LOGS=graph_breaks to see why")
+    if len(be.plans) == 1:
+        return be.plans[0]
+    from .merge import merge_plans
+
+    return merge_plans(be.plans)
+
+
+_NO_GRAD = ("nothing requires grad (no parameter or input has requires_grad=True, or "
+            "grad mode is off), so there is no backward and nothing to checkpoint")
+
+
+def _devices(example_inputs):
+    return sorted({t.device for t in example_inputs
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"},
+                  key=str)

@@ -1,0 +1,112 @@
+"""User options, validated once at the entry points and passed down explicitly."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+COMPILERS = ("inductor", "eager")
+SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all")
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_BUDGET_FORMS = (
+    "a budget is None, a positive number of bytes (int), a string with units "
+    "such as '512MiB', '2GB' or '1.5GiB', or a float in (0, 1] read as a "
+    "fraction of the runtime-optimal plan's peak"
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: absolute bytes, or a fraction of the runtime-optimal peak."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, runtime_optimal_peak: int) -> int:
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return int(self.fraction * runtime_optimal_peak)
+
+    def __str__(self) -> str:
+        if self.bytes is not None:
+            return format_bytes(self.bytes)
+        return f"{self.fraction:g} x runtime-optimal peak"
+
+
+def parse_budget(value: Any) -> Budget | None:
+    """Read a user budget; raise ValueError naming the accepted forms."""
+    if value is None:
+        return None
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"budget={value!r} is not a budget: {_BUDGET_FORMS}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"budget={value!r} must be positive: {_BUDGET_FORMS}")
+        return Budget(bytes=value)
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(
+                f"budget={value!r} is a float outside (0, 1]: {_BUDGET_FORMS}; "
+                "for an absolute budget pass an int or a string like '512MiB'")
+        return Budget(fraction=value)
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(f"budget={value!r} is not understood: {_BUDGET_FORMS}")
+        amount = int(float(match.group(1)) * _UNITS[unit])
+        if amount <= 0:
+            raise ValueError(f"budget={value!r} must be positive: {_BUDGET_FORMS}")
+        return Budget(bytes=amount)
+    raise ValueError(f"budget={value!r} has type {type(value).__name__}: {_BUDGET_FORMS}")
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a user can set; built once, passed to every stage that needs it."""
+
+    budget: Budget | None = None
+    policy: Any = None
+    compiler: str = "inductor"
+    solver: str = "auto"
+
+    @staticmethod
+    def create(*, budget: Any = None, policy: Any = None, compiler: str = "inductor",
+               solver: str = "auto") -> "Options":
+        if compiler not in COMPILERS:
+            raise ValueError(
+                f"compiler={compiler!r} is not known; choose one of {COMPILERS} "
+                "('eager' runs the planned graphs without a code generator, for "
+                "debugging and bitwise checks)")
+        if solver not in SOLVERS:
+            raise ValueError(f"solver={solver!r} is not known; choose one of {SOLVERS}")
+        return Options(budget=parse_budget(budget), policy=policy,
+                       compiler=compiler, solver=solver)
+
+    @staticmethod
+    def from_mapping(options: dict | None, **defaults: Any) -> "Options":
+        """Build from ``torch.compile(..., options={...})``; unknown keys are errors."""
+        merged = dict(defaults)
+        for key, value in (options or {}).items():
+            if key not in ("budget", "policy", "compiler", "solver"):
+                raise ValueError(
+                    f"unknown fxckpt option {key!r}; the options are "
+                    "'budget', 'policy', 'compiler' and 'solver'")
+            merged[key] = value
+        return Options.create(**merged)

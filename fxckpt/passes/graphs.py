@@ -1,0 +1,18 @@
+"""Small graph utilities shared by passes."""
+
+from __future__ import annotations
+
+import copy
+
+import torch.fx as fx
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy whose graph can be edited without touching ``gm``'s. Node meta
+    dicts are copied shallowly (fake tensors are shared, never mutated)."""
+    graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    value_map: dict[fx.Node, fx.Node] = {}
+    result, output = graph.graph_copy(gm.graph, value_map, return_output_node=True)
+    graph.output(result).meta = dict(output.meta)
+    return fx.GraphModule(gm, graph)

@@ -1,0 +1,155 @@
+"""What kind of op a node is: the one place that classifies ops."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch._library.utils import is_impure
+
+aten = torch.ops.aten
+
+# Ops whose cost is dominated by arithmetic: the runtime-optimal plan never
+# recomputes them, and policies such as "save matmuls" select them.
+MATMUL_OPS = frozenset({
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear,
+    aten._scaled_mm, aten._int_mm,
+})
+ATTENTION_OPS = frozenset({
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._flash_attention_forward, aten._efficient_attention_forward,
+})
+CONV_OPS = frozenset({aten.convolution, aten._convolution, aten.conv2d, aten.conv1d,
+                      aten.conv3d})
+COMPUTE_INTENSIVE_OPS = MATMUL_OPS | ATTENTION_OPS | CONV_OPS
+
+
+def packet(node: fx.Node):
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket
+    return None
+
+
+def op_name(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
+    if node.op == "get_attr":
+        return "constant"
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    if target is operator.getitem:
+        return f"getitem[{node.args[1]}]"
+    return getattr(target, "__name__", str(target))
+
+
+def is_view(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
+def is_pointwise(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+def is_random(node: fx.Node) -> bool:
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags)
+
+
+def is_compute_intensive(node: fx.Node) -> bool:
+    return packet(node) in COMPUTE_INTENSIVE_OPS
+
+
+def is_matmul(node: fx.Node) -> bool:
+    return packet(node) in MATMUL_OPS
+
+
+def is_collective(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and \
+        target.namespace in ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
+
+
+def not_recomputable_reason(node: fx.Node) -> str:
+    """Why this node's value cannot be computed a second time; "" if it can."""
+    if node.op == "placeholder":
+        return "graph input"
+    if node.op != "call_function":
+        return ""
+    target = node.target
+    if target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return not_recomputable_reason(node.args[0])
+    if is_collective(node):
+        return "collective communication (recomputing it would communicate again)"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher-order op {target.name()} (fxckpt does not recompute it)"
+    if isinstance(target, torch._ops.OpOverload):
+        if target._schema.is_mutable:
+            return "mutates its input in place"
+        if is_random(node):
+            return _random_replay_obstacle(node)
+    if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):
+        return "has side effects"
+    return ""
+
+
+def _random_replay_obstacle(node: fx.Node) -> str:
+    if node.kwargs.get("generator") is not None:
+        return "random op with an explicit generator (its state cannot be replayed)"
+    if random_op_device(node) is None:
+        return "random op on an unknown device (its state cannot be replayed)"
+    return ""
+
+
+def random_op_device(node: fx.Node) -> torch.device | None:
+    """The device whose generator a random op draws from."""
+    device = node.kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    for arg in node.all_input_nodes:
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.device
+    return None
+
+
+def source_line(node: fx.Node) -> str:
+    """``file:line  code`` of the user's frame that produced this op."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            parts = lines[i].split('"')
+            where = parts[1].rsplit("/", 1)[-1] if len(parts) > 1 else lines[i]
+            lineno = lines[i].split("line ")[-1].split(",")[0]
+            code = lines[i + 1] if i + 1 < len(lines) else ""
+            return f"{where}:{lineno} {code}".strip()
+    return ""
+
+
+def module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return _clean_module_path(path)
+
+
+def _clean_module_path(path: str) -> str:
+    # Dynamo records paths such as "L['self'].blocks[0].attn"; users write "blocks.0.attn".
+    for prefix in ("L['self'].", "L['self']", "self."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+    path = path.replace("[", ".").replace("]", "").replace("'", "")
+    return path.replace("_modules.", "").strip(".")

@@ -1,0 +1,147 @@
+"""Joint graph -> Profile: bytes of every value, cost of every op, phases.
+
+Bytes come from the fake tensors AOTAutograd leaves in ``node.meta["val"]``;
+views are resolved to the node that owns their storage. Cost is an estimate in
+seconds: FLOPs from torch's flop counter formulas over a nominal compute rate,
+plus bytes moved over a nominal bandwidth, so a pointwise op is priced by the
+memory it streams rather than counted as free.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.flop_counter import flop_registry
+
+from ..types import BACKWARD, FORWARD, NodeProfile, Profile
+from . import ops as op_kinds
+from .rng import rng_state_bytes
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Nominal machine rates; only their ratio shapes plans."""
+
+    flops_per_second: float = 1e12
+    bytes_per_second: float = 1e11
+
+    def seconds(self, flops: int, bytes_moved: int) -> float:
+        return flops / self.flops_per_second + bytes_moved / self.bytes_per_second
+
+
+def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
+                        static_input_indices: Iterable[int] = (),
+                        cost_model: CostModel = CostModel()) -> Profile:
+    """Read the joint graph; does not modify it."""
+    graph = joint.graph
+    static = set(static_input_indices)
+    backward = _tangent_dependent(graph)
+    storage_owner: dict[StorageWeakRef, str] = {}
+    nodes: dict[str, NodeProfile] = {}
+    primal_index = 0
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        val = node.meta.get("val")
+        is_tensor = isinstance(val, torch.Tensor)
+        storage, own_bytes = node.name, 0
+        if is_tensor:
+            ref = StorageWeakRef(val.untyped_storage())
+            if ref in storage_owner:
+                storage = storage_owner[ref]
+            else:
+                storage_owner[ref] = node.name
+                own_bytes = _concrete(val.untyped_storage().nbytes())
+        is_input = node.op == "placeholder"
+        is_static = False
+        if is_input and node.name.startswith("primals"):
+            is_static = primal_index in static
+            primal_index += 1
+        flops = _flops(node)
+        moved = 0 if (not is_tensor and node.target is operator.getitem) else _bytes_moved(node)
+        if op_kinds.is_view(node) or node.target is operator.getitem:
+            moved = 0
+        nodes[node.name] = NodeProfile(
+            name=node.name,
+            op=op_kinds.op_name(node),
+            phase=BACKWARD if node in backward else FORWARD,
+            inputs=tuple(i.name for i in node.all_input_nodes),
+            bytes=own_bytes,
+            storage=storage,
+            flops=flops,
+            cost=cost_model.seconds(flops, moved),
+            is_input=is_input,
+            is_static=is_static,
+            is_tensor=is_tensor,
+            is_symbolic=isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)),
+            is_view=op_kinds.is_view(node),
+            is_pointwise=op_kinds.is_pointwise(node),
+            is_random=op_kinds.is_random(node),
+            replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
+            if op_kinds.is_random(node) else 0,
+            is_compute_intensive=op_kinds.is_compute_intensive(node),
+            not_recomputable=op_kinds.not_recomputable_reason(node),
+            source=op_kinds.source_line(node),
+            module_path=op_kinds.module_path(node),
+        )
+    flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
+    fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))
+    bwd_outputs = tuple(n.name for n in flat_outputs[num_fwd_outputs:] if isinstance(n, fx.Node))
+    needed = {i for name in nodes if nodes[name].phase == BACKWARD
+              for i in nodes[name].inputs if nodes[i].phase == FORWARD}
+    needed |= {name for name in bwd_outputs if nodes[name].phase == FORWARD}
+    return Profile(nodes=nodes, needed_by_backward=frozenset(needed),
+                   forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
+
+
+def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes computed from a tangent: the backward proper."""
+    backward: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or \
+                any(i in backward for i in node.all_input_nodes):
+            backward.add(node)
+    return backward
+
+
+def _concrete(x) -> int:
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        return int(hint) if hint is not None else 0
+    return int(x)
+
+
+def tensor_bytes(val) -> int:
+    if isinstance(val, torch.Tensor):
+        return _concrete(val.numel()) * val.element_size()
+    if isinstance(val, (list, tuple)):
+        return sum(tensor_bytes(v) for v in val)
+    return 0
+
+
+def _bytes_moved(node: fx.Node) -> int:
+    if node.op != "call_function":
+        return 0
+    read = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
+    return read + tensor_bytes(node.meta.get("val"))
+
+
+def _flops(node: fx.Node) -> int:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return 0
+    formula = flop_registry.get(node.target.overloadpacket)
+    if formula is None:
+        return 0
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    try:
+        return _concrete(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    except Exception:  # a formula that cannot read symbolic shapes: price by traffic only
+        return 0

@@ -1,0 +1,131 @@
+"""The stages strung together: joint graph -> profile -> tags -> decision ->
+rewrite -> verify -> forward and backward graphs, plus the Plan that explains
+them. ``Planner`` is what AOTAutograd calls as its partition function."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable
+
+import torch.fx as fx
+from torch.utils.checkpoint import CheckpointPolicy
+
+from .memory import simulate
+from .options import Options
+from .passes.profile import profile_joint_graph
+from .passes.rewrite import rewrite
+from .passes.tag import region_annotations, tag_forward_values
+from .passes.verify import verify_decision, verify_rewrite
+from .solve import solve
+from .types import Decision, Plan, PlanEntry, Profile, Tag
+
+_graph_ids = itertools.count()
+
+
+class Planner:
+    """A partition function for AOTAutograd that plans, rewrites and records.
+
+    ``plans`` collects one Plan per graph partitioned; ``on_plan`` (optional)
+    is called with each.
+    """
+
+    def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
+                 node_policy=None) -> None:
+        self.options = options
+        self.node_policy = node_policy
+        self.plans: list[Plan] = []
+        self.on_plan = on_plan
+
+    def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
+                 static_lifetime_input_indices=None, **_ignored):
+        start = time.perf_counter()
+        profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
+                                      static_input_indices=static_lifetime_input_indices or ())
+        targets = {n.name: n.target for n in joint.graph.nodes}
+        tags = tag_forward_values(profile, regions=region_annotations(joint),
+                                  policy=self.node_policy, targets=targets)
+
+        def evaluate(decision: Decision):
+            rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
+            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph)
+
+        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
+        verify_decision(profile, tags, decision)
+        verify_rewrite(profile, rewritten)
+        plan = make_plan(profile, tags, decision, rewritten, timeline,
+                         budget_bytes=decision.budget_bytes,
+                         graph_id=next(_graph_ids),
+                         seconds=time.perf_counter() - start)
+        self.plans.append(plan)
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        return rewritten.forward, rewritten.backward
+
+
+def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewritten,
+              timeline, *, budget_bytes: int | None, graph_id: int,
+              seconds: float) -> Plan:
+    fw_vals = {n.name: n.meta.get("val") for n in rewritten.forward.graph.nodes}
+    state_bytes = sum(_nbytes(fw_vals.get(name)) for name in rewritten.rng_states)
+    saved = tuple(sorted(decision.saved, key=list(profile.nodes).index))
+    recomputed = tuple(n for n in profile.nodes if n in decision.recomputed)
+    entries = [_entry(profile, tags, name, "saved") for name in saved
+               if profile.nodes[name].is_tensor]
+    entries += [_entry(profile, tags, name, "recomputed") for name in recomputed]
+    entries += [PlanEntry(name, "saved", "rng state", _nbytes(fw_vals.get(name)), 0.0, 0,
+                          "-", "generator state a recomputed random op replays", "")
+                for name in rewritten.rng_states]
+    notes = []
+    if rewritten.rng_states:
+        notes.append(f"{len(rewritten.rng_states)} random op(s) recomputed with their "
+                     "RNG state replayed")
+    return Plan(
+        saved=saved + tuple(rewritten.rng_states),
+        recomputed=recomputed,
+        saved_bytes=profile.storage_bytes(decision.saved) + state_bytes,
+        peak_bytes=timeline.peak_bytes,
+        peak_at=timeline.peak_at,
+        recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
+        recompute_cost=sum(profile.nodes[n].cost for n in recomputed),
+        solver=decision.solver,
+        solve_seconds=decision.solve_seconds,
+        budget_bytes=budget_bytes,
+        entries=tuple(entries),
+        overrides=decision.overrides,
+        gap=decision.gap,
+        graph_id=graph_id,
+        notes=tuple(notes),
+        timeline=timeline,
+        plan_seconds=seconds,
+    )
+
+
+def _entry(profile: Profile, tags: dict[str, Tag], name: str, action: str) -> PlanEntry:
+    node = profile.nodes[name]
+    tag = tags[name]
+    owner = profile.nodes[node.storage]
+    bytes_held = 0 if owner.is_static else owner.bytes
+    return PlanEntry(name=name, action=action, op=node.op, bytes=bytes_held,
+                     cost=node.cost, flops=node.flops,
+                     tag=tag.policy.name if tag.policy is not None else "-",
+                     reason=_reason(tag, action), source=node.source)
+
+
+def _reason(tag: Tag, action: str) -> str:
+    followed = {
+        "saved": (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE),
+        "recomputed": (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE),
+    }[action]
+    if tag.policy in followed:
+        return tag.reason
+    if action == "saved":
+        return "solver: holding it costs less than what recomputing it needs"
+    return "solver: recomputed from saved values to hold fewer bytes"
+
+
+def _nbytes(val) -> int:
+    try:
+        return int(val.untyped_storage().nbytes())
+    except AttributeError:
+        return 0

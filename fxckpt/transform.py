@@ -1,0 +1,63 @@
+"""fxckpt.transform: a GraphModule in, a module that trains by the plan out."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from .backend import _node_policy
+from .capture import compile_planned
+from .errors import FxckptError
+from .options import Options
+from .pipeline import Planner
+
+
+class Transformed(torch.nn.Module):
+    """Runs ``module`` through the planned forward and backward graphs.
+
+    ``plan`` is the Plan (None when nothing needs grad: no backward, nothing to
+    save). Parameters are the original module's, shared, not copied.
+    """
+
+    def __init__(self, module: fx.GraphModule, compiled, out_spec, plan) -> None:
+        super().__init__()
+        self.module = module
+        self._compiled = compiled
+        self._out_spec = out_spec
+        self.plan = plan
+
+    def forward(self, *args):
+        flat = self._compiled(*args)
+        return pytree.tree_unflatten(list(flat), self._out_spec)
+
+
+def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
+              compiler: str = "eager", solver: str = "auto") -> Transformed:
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(
+            f"fxckpt.transform takes a torch.fx.GraphModule, got {type(gm).__name__}; "
+            "trace it first (torch.fx.symbolic_trace(model)) or use "
+            "torch.compile(model, backend=fxckpt.backend(...)) for a plain nn.Module")
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver)
+    planner = Planner(options, node_policy=_node_policy(options.policy))
+    flat_gm, out_spec = _flatten_outputs(gm, example_inputs)
+    compiled = compile_planned(flat_gm, list(example_inputs), planner)
+    plan = planner.plans[-1] if planner.plans else None
+    return Transformed(gm, compiled, out_spec, plan)
+
+
+def _flatten_outputs(gm: fx.GraphModule, example_inputs):
+    """A view of ``gm`` that returns a flat tuple, and the structure to rebuild.
+
+    AOTAutograd wants a flat sequence of outputs; the structure is read from
+    the graph's output node, so nothing is executed."""
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    flat, spec = pytree.tree_flatten(out.args[0])
+    if any(not isinstance(x, (fx.Node, type(None))) for x in flat):
+        raise FxckptError("fxckpt.transform supports graphs whose outputs are tensors "
+                          "(possibly nested in tuples, lists or dicts)")
+    graph.output(tuple(flat))
+    flat_gm = fx.GraphModule(gm, graph)
+    return flat_gm, spec
