@@ -23,10 +23,15 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
             bw_compiler=boxed_nop_preserve_node_meta,
             partition_fn=planner,
         )
+    from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs,
-                      config_patches={"custom_partitioner_fn": _InductorPartitioner(planner)})
+    # A cached compile would skip the partitioner, and with it the plan.
+    with functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, config_patches={
+            "custom_partitioner_fn": _InductorPartitioner(planner),
+            "fx_graph_cache": False,
+        })
 
 
 class _InductorPartitioner(CustomPartitionerFn):

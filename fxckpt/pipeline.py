@@ -31,8 +31,12 @@ class Planner:
     """
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
-                 node_policy=None) -> None:
+                 node_policy=None, num_lifted_params: int = 0) -> None:
         self.options = options
+        # AOTAutograd puts a module's parameters and buffers first among the
+        # primals; outside Dynamo it does not report them as static, so the
+        # caller says how many there are.
+        self.num_lifted_params = num_lifted_params
         self.node_policy = node_policy
         self.plans: list[Plan] = []
         self.on_plan = on_plan
@@ -40,8 +44,9 @@ class Planner:
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
         start = time.perf_counter()
+        static = set(static_lifetime_input_indices or ()) | set(range(self.num_lifted_params))
         profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
-                                      static_input_indices=static_lifetime_input_indices or ())
+                                      static_input_indices=static)
         targets = {n.name: n.target for n in joint.graph.nodes}
         tags = tag_forward_values(profile, regions=region_annotations(joint),
                                   policy=self.node_policy, targets=targets)

@@ -40,7 +40,10 @@ def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
             "trace it first (torch.fx.symbolic_trace(model)) or use "
             "torch.compile(model, backend=fxckpt.backend(...)) for a plain nn.Module")
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver)
-    planner = Planner(options, node_policy=_node_policy(options.policy))
+    lifted = len(list(gm.named_parameters(remove_duplicate=False))) + \
+        len(list(gm.named_buffers(remove_duplicate=False)))
+    planner = Planner(options, node_policy=_node_policy(options.policy),
+                      num_lifted_params=lifted)
     flat_gm, out_spec = _flatten_outputs(gm, example_inputs)
     compiled = compile_planned(flat_gm, list(example_inputs), planner)
     plan = planner.plans[-1] if planner.plans else None
@@ -53,8 +56,8 @@ def _flatten_outputs(gm: fx.GraphModule, example_inputs):
     AOTAutograd wants a flat sequence of outputs; the structure is read from
     the graph's output node, so nothing is executed."""
     graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {}, return_output_node=True)
-    flat, spec = pytree.tree_flatten(out.args[0])
+    result = graph.graph_copy(gm.graph, {})
+    flat, spec = pytree.tree_flatten(result)
     if any(not isinstance(x, (fx.Node, type(None))) for x in flat):
         raise FxckptError("fxckpt.transform supports graphs whose outputs are tensors "
                           "(possibly nested in tuples, lists or dicts)")

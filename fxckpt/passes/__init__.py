@@ -1,0 +1,1 @@
+"""Graph passes: profile, tag, rewrite, rng, verify."""
