@@ -15,7 +15,7 @@ from .memory import simulate
 from .options import Options
 from .passes.profile import profile_joint_graph
 from .passes.rewrite import rewrite
-from .passes.tag import region_annotations, tag_forward_values
+from .passes.tag import tag_forward_values
 from .passes.verify import verify_decision, verify_rewrite
 from .solve import solve
 from .types import Decision, Plan, PlanEntry, Profile, Tag
@@ -47,9 +47,7 @@ class Planner:
         static = set(static_lifetime_input_indices or ()) | set(range(self.num_lifted_params))
         profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
                                       static_input_indices=static)
-        targets = {n.name: n.target for n in joint.graph.nodes}
-        tags = tag_forward_values(profile, regions=region_annotations(joint),
-                                  policy=self.node_policy, targets=targets)
+        tags = tag_forward_values(joint, profile, policy=self.node_policy)
 
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)

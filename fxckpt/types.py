@@ -31,6 +31,9 @@ class NodeProfile:
     cost: float = 0.0            # estimated seconds to compute (flops + memory traffic)
     is_input: bool = False       # a placeholder (primal or tangent)
     is_static: bool = False      # a parameter or buffer: alive for the whole step anyway
+    # An input the step mutates in place (a BatchNorm running stat): it can be
+    # neither saved (autograd's version check would fail) nor read by a recompute.
+    is_mutated_input: bool = False
     is_tensor: bool = True
     is_symbolic: bool = False    # a SymInt/SymFloat/SymBool (or plain number) value
     is_view: bool = False

@@ -42,6 +42,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     graph = joint.graph
     static = set(static_input_indices)
     backward = _tangent_dependent(graph)
+    mutated = _mutated_inputs(graph)
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
     primal_index = 0
@@ -61,8 +62,15 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
         is_input = node.op == "placeholder"
         is_static = False
         if is_input and node.name.startswith("primals"):
-            is_static = primal_index in static
+            is_static = primal_index in static or _is_parameter_or_buffer(node)
             primal_index += 1
+        not_recomputable = op_kinds.not_recomputable_reason(node)
+        reads_mutated = [i.name for i in node.all_input_nodes if i in mutated]
+        if node.target is operator.getitem and node.args[0].name in nodes:
+            not_recomputable = nodes[node.args[0].name].not_recomputable
+        elif not not_recomputable and reads_mutated:
+            not_recomputable = (f"reads {reads_mutated[0]}, an input the step mutates in "
+                                "place (a recompute would read the new value)")
         flops = _flops(node)
         moved = 0 if (not is_tensor and node.target is operator.getitem) else _bytes_moved(node)
         if op_kinds.is_view(node) or node.target is operator.getitem:
@@ -78,6 +86,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             cost=cost_model.seconds(flops, moved),
             is_input=is_input,
             is_static=is_static,
+            is_mutated_input=node in mutated,
             is_tensor=is_tensor,
             is_symbolic=isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)),
             is_view=op_kinds.is_view(node),
@@ -86,7 +95,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
             if op_kinds.is_random(node) else 0,
             is_compute_intensive=op_kinds.is_compute_intensive(node),
-            not_recomputable=op_kinds.not_recomputable_reason(node),
+            not_recomputable=not_recomputable,
             source=op_kinds.source_line(node),
             module_path=op_kinds.module_path(node),
         )
@@ -98,6 +107,20 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     needed |= {name for name in bwd_outputs if nodes[name].phase == FORWARD}
     return Profile(nodes=nodes, needed_by_backward=frozenset(needed),
                    forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
+
+
+def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:
+    """Inputs AOTAutograd copies a new value into after forward, read from the
+    descriptions it leaves on the output node."""
+    descs = graph.output_node().meta.get("desc") or []
+    targets = [getattr(d, "mutated_input", None) for d in descs
+               if type(d).__name__ == "InputMutationAOTOutput"]
+    return {n for n in graph.find_nodes(op="placeholder")
+            if n.meta.get("desc") is not None and n.meta.get("desc") in targets}
+
+
+def _is_parameter_or_buffer(node: fx.Node) -> bool:
+    return type(node.meta.get("desc")).__name__ in ("ParamAOTInput", "BufferAOTInput")
 
 
 def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:

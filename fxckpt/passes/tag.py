@@ -14,51 +14,48 @@ line; a PREFER_RECOMPUTE that cannot is turned into MUST_SAVE with the reason.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..errors import PolicyError
-from ..types import FORWARD, NodeProfile, Profile, Tag
-
-# A resolved policy: called once per forward value with its profile and the
-# node's op; answers a CheckpointPolicy or None (no opinion).
-NodePolicy = Callable[[NodeProfile, object], Optional[CheckpointPolicy]]
+from ..policy_api import OpCall, PolicyFactory
+from ..types import NodeProfile, Profile, Tag
 
 _RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 
 
-def region_annotations(joint: fx.GraphModule) -> dict[str, CheckpointPolicy]:
-    """Policies left on the joint graph by checkpoint regions in the model."""
-    found = {}
-    for node in joint.graph.nodes:
-        policy = node.meta.get("recompute")
-        if isinstance(policy, CheckpointPolicy):
-            found[node.name] = policy
-    return found
-
-
-def tag_forward_values(profile: Profile, *, regions: dict[str, CheckpointPolicy],
-                       policy: NodePolicy | None = None,
-                       targets: dict[str, object] | None = None) -> dict[str, Tag]:
-    """Tag every forward value. ``targets`` maps node name to its op, for policies."""
+def tag_forward_values(joint: fx.GraphModule, profile: Profile, *,
+                       policy: PolicyFactory | None = None) -> dict[str, Tag]:
+    """Tag every forward value of ``joint``. Does not modify the graph."""
+    decide = policy.for_graph() if policy is not None else None
+    nodes = {n.name: n for n in joint.graph.nodes}
     tags: dict[str, Tag] = {}
-    for node in profile.forward_nodes():
-        tags[node.name] = _tag_one(node, regions.get(node.name), policy,
-                                   (targets or {}).get(node.name))
+    for info in profile.forward_nodes():
+        node = nodes[info.name]
+        region = node.meta.get("recompute")
+        region = region if isinstance(region, CheckpointPolicy) else None
+        answer = None
+        if decide is not None and node.op == "call_function":
+            answer = decide(op_call(node, info))
+        tags[info.name] = _tag_one(info, region, answer)
     return tags
 
 
+def op_call(node: fx.Node, info: NodeProfile) -> OpCall:
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    return OpCall(name=node.name, op=node.target, args=tuple(args), kwargs=dict(kwargs),
+                  module_path=info.module_path, source=info.source,
+                  value_names=tuple(node.meta.get("fxckpt_names", ())),
+                  profile=info)
+
+
 def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
-             policy: NodePolicy | None, target: object) -> Tag:
+             answer: CheckpointPolicy | None) -> Tag:
     wanted: Tag | None = None
     if region is not None:
         wanted = Tag(region, "torch.utils.checkpoint region in the model", "region")
-    elif policy is not None:
-        answer = policy(node, target)
-        if answer is not None:
-            wanted = Tag(answer, "policy", "policy")
+    elif answer is not None:
+        wanted = Tag(answer, "policy", "policy")
     if not node.recomputable:
         if wanted is not None and wanted.policy == CheckpointPolicy.MUST_RECOMPUTE:
             raise PolicyError(

@@ -26,6 +26,8 @@ def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) 
         elif tags[name].policy == CheckpointPolicy.MUST_SAVE:
             problems.append(f"{name} is tagged MUST_SAVE ({tags[name].reason}) but is recomputed")
     for name in decision.saved:
+        if profile.nodes[name].is_mutated_input:
+            problems.append(f"{name} is saved but the step mutates it in place")
         if tags.get(name) and tags[name].policy == CheckpointPolicy.MUST_RECOMPUTE:
             problems.append(f"{name} is tagged MUST_RECOMPUTE but is saved")
     # Everything backward reads must be available: saved, or recomputed from

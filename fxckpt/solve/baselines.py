@@ -25,7 +25,8 @@ def solve_recompute_all(profile: Profile, tags: dict[str, Tag]) -> Decision:
     recompute everything else backward needs."""
     start = time.perf_counter()
     anchors = {n.name for n in profile.forward_nodes()
-               if (n.is_input or tags[n.name].policy == CheckpointPolicy.MUST_SAVE)}
+               if (n.is_input and not n.is_mutated_input)
+               or tags[n.name].policy == CheckpointPolicy.MUST_SAVE}
     closure = recompute_closure(profile, frozenset(anchors))
     saved = frozenset(a for a in anchors if a in closure or a in profile.needed_by_backward
                       or any(a in profile.nodes[c].inputs for c in closure))
@@ -36,4 +37,4 @@ def solve_recompute_all(profile: Profile, tags: dict[str, Tag]) -> Decision:
 
 def _savable(profile: Profile, name: str) -> bool:
     node = profile.nodes[name]
-    return node.is_tensor or node.is_symbolic
+    return (node.is_tensor or node.is_symbolic) and not node.is_mutated_input

@@ -69,7 +69,7 @@ def _save_capacity(profile: Profile, node, tag: Tag) -> float | None:
     """Bytes kept alive by saving ``node``; None where it cannot be saved."""
     if not node.is_tensor:
         return 1.0 if node.is_symbolic else None
-    if tag.policy == CheckpointPolicy.MUST_RECOMPUTE:
+    if tag.policy == CheckpointPolicy.MUST_RECOMPUTE or node.is_mutated_input:
         return None
     if tag.policy == CheckpointPolicy.PREFER_RECOMPUTE and tag.origin != "default":
         return None
