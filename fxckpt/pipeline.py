@@ -18,6 +18,7 @@ from .passes.rewrite import rewrite
 from .passes.tag import tag_forward_values
 from .passes.verify import verify_decision, verify_rewrite
 from .solve import solve
+from .solve.common import run_in_forward
 from .types import Decision, Plan, PlanEntry, Profile, Tag
 
 _graph_ids = itertools.count()
@@ -72,10 +73,17 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     fw_vals = {n.name: n.meta.get("val") for n in rewritten.forward.graph.nodes}
     state_bytes = sum(_nbytes(fw_vals.get(name)) for name in rewritten.rng_states)
     saved = tuple(sorted(decision.saved, key=list(profile.nodes).index))
-    recomputed = tuple(n for n in profile.nodes if n in decision.recomputed)
+    # Of the forward values backward computes, those forward also ran are
+    # recomputed; the rest (say a cos only sin's gradient reads) run once,
+    # in backward, and cost nothing extra.
+    in_forward = run_in_forward(profile, decision.saved)
+    recomputed = tuple(n for n in profile.nodes if n in decision.recomputed and n in in_forward)
+    deferred = tuple(n for n in profile.nodes
+                     if n in decision.recomputed and n not in in_forward)
     entries = [_entry(profile, tags, name, "saved") for name in saved
                if profile.nodes[name].is_tensor]
     entries += [_entry(profile, tags, name, "recomputed") for name in recomputed]
+    entries += [_entry(profile, tags, name, "deferred") for name in deferred]
     entries += [PlanEntry(name, "saved", "rng state", _nbytes(fw_vals.get(name)), 0.0, 0,
                           "-", "generator state a recomputed random op replays", "")
                 for name in rewritten.rng_states]
@@ -86,6 +94,7 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     return Plan(
         saved=saved + tuple(rewritten.rng_states),
         recomputed=recomputed,
+        deferred=deferred,
         saved_bytes=profile.storage_bytes(decision.saved) + state_bytes,
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
@@ -116,6 +125,8 @@ def _entry(profile: Profile, tags: dict[str, Tag], name: str, action: str) -> Pl
 
 
 def _reason(tag: Tag, action: str) -> str:
+    if action == "deferred":
+        return "only backward reads it: computed there, once"
     followed = {
         "saved": (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE),
         "recomputed": (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE),

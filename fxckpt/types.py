@@ -121,7 +121,8 @@ class Plan:
     """What a graph saves and recomputes, why, and what it costs."""
 
     saved: tuple[str, ...]
-    recomputed: tuple[str, ...]
+    recomputed: tuple[str, ...]   # forward values run in forward and again in backward
+    deferred: tuple[str, ...]     # forward-side values only backward needs: run once, there
     saved_bytes: int            # activation bytes held between forward and backward
     peak_bytes: int             # predicted peak of non-parameter memory, fwd + bwd
     peak_at: str                # the node at which that peak happens
@@ -146,6 +147,7 @@ class Plan:
             f"  budget         {format_bytes(self.budget_bytes) if self.budget_bytes else 'none'}",
             f"  saved          {format_bytes(self.saved_bytes)} in {len(self.saved)} values",
             f"  predicted peak {format_bytes(self.peak_bytes)} (at {self.peak_at})",
+            f"  deferred       {len(self.deferred)} values (run once, in backward)",
             f"  recomputed     {len(self.recomputed)} values, "
             f"{self.recompute_flops / 1e6:.2f} MFLOP, ~{self.recompute_cost * 1e3:.3f} ms",
         ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch.fx as fx
 
 
@@ -11,7 +9,7 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy whose graph can be edited without touching ``gm``'s. Node meta
     dicts are copied shallowly (fake tensors are shared, never mutated)."""
     graph = fx.Graph()
-    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    graph._codegen = gm.graph._codegen  # input/output structure: shared, never edited
     value_map: dict[fx.Node, fx.Node] = {}
     result, output = graph.graph_copy(gm.graph, value_map, return_output_node=True)
     graph.output(result).meta = dict(output.meta)

@@ -19,3 +19,17 @@ def recompute_closure(profile: Profile, saved: frozenset[str]) -> frozenset[str]
             if parent not in saved and parent not in recomputed:
                 stack.append(parent)
     return frozenset(recomputed)
+
+
+def run_in_forward(profile: Profile, saved: frozenset[str]) -> frozenset[str]:
+    """Forward values the forward graph computes: what its outputs and the
+    saved values depend on."""
+    seen: set[str] = set()
+    stack = [*profile.forward_outputs, *saved]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in profile.nodes:
+            continue
+        seen.add(name)
+        stack.extend(profile.nodes[name].inputs)
+    return frozenset(seen)
