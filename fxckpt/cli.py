@@ -1,0 +1,266 @@
+"""The ``fxckpt`` command line.
+
+Each subcommand is a function ``run_NAME(args) -> exit status`` plus an
+``add_NAME(subparsers)`` that declares its arguments; ``main`` only parses
+and dispatches.
+
+``fxckpt demo`` trains the built-in GPT on the CPU three ways -- without
+checkpointing, with fxckpt's default plan, and with fxckpt under a tight
+budget -- and prints what each costs, measured rather than predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fxckpt import measure
+from fxckpt.models import GPT, make_model
+
+MiB = 2 ** 20
+
+
+# --- the core, imported late -------------------------------------------------
+
+class CoreUnavailable(RuntimeError):
+    """fxckpt's compile backend cannot be imported."""
+
+
+def _core():
+    """Return ``(fxckpt.backend, BudgetError)``, or raise CoreUnavailable
+    saying what is missing."""
+    try:
+        import fxckpt
+        backend = fxckpt.backend
+    except (ImportError, AttributeError) as error:
+        raise CoreUnavailable(
+            f"fxckpt.backend is not available ({error}); the core pipeline "
+            f"is missing or failed to import") from error
+    budget_error = getattr(fxckpt, "BudgetError", None)
+    if budget_error is None:
+        from fxckpt.errors import BudgetError as budget_error
+    return backend, budget_error
+
+
+def _declined(error: BaseException, budget_error: type) -> BaseException | None:
+    """The NotImplementedError or BudgetError behind ``error``, if any.
+
+    torch.compile wraps a backend's exception (BackendCompilerFailed), so
+    follow the chain of causes.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (NotImplementedError, budget_error)):
+            return error
+        seen.add(id(error))
+        error = (getattr(error, "inner_exception", None) or error.__cause__
+                 or error.__context__)
+    return None
+
+
+# --- demo --------------------------------------------------------------------
+
+@dataclass
+class DemoRow:
+    """What one way of training measured, or why it did not run."""
+
+    label: str
+    skipped: str = ""                    # the reason, when it did not run
+    peak_bytes: int = 0
+    saved_bytes: int = 0
+    step_seconds: float = 0.0            # median over steps after the first
+    loss: torch.Tensor | None = None     # first step's loss
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    plans: list[Any] = field(default_factory=list)
+
+
+def add_demo(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="train a small GPT with and without fxckpt and compare",
+        description=(
+            "Train the built-in GPT on the CPU three ways: (a) no "
+            "checkpointing, (b) fxckpt's default plan, (c) fxckpt under a "
+            "tight budget. Prints measured peak memory, saved activations, "
+            "step time and whether loss and gradients match (a) bitwise."))
+    parser.add_argument("--steps", type=int, default=5,
+                        help="training steps per run; the first compiles and "
+                             "is not timed (default: 5)")
+    parser.add_argument("--budget", type=float, default=0.6,
+                        help="budget of run (c), as a fraction of the peak "
+                             "of the runtime-optimal plan (default: 0.6)")
+    parser.add_argument("--show-plans", action="store_true",
+                        help="print fxckpt's plan for each compiled graph")
+    parser.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.steps < 2:
+        raise SystemExit("fxckpt demo: --steps must be at least 2 (the first "
+                         "step compiles and is not timed)")
+    try:
+        core, missing = _core(), None
+    except CoreUnavailable as error:
+        core, missing = None, error
+    model, inputs, _ = make_model("gpt", size="small")
+    print(f"fxckpt demo: {_describe(model, inputs)}; {args.steps} steps "
+          f"each on the CPU, 1 thread\n", flush=True)
+    runs = [("(a) no checkpointing", None),  # None: aot_eager, no fxckpt
+            ("(b) fxckpt default", {}),
+            (f"(c) fxckpt budget {args.budget:g}", {"budget": args.budget})]
+    width = max(len(label) for label, _ in runs)
+    print(_header(width), flush=True)
+    threads = torch.get_num_threads()
+    # One thread keeps timings steady and reductions in one order.
+    torch.set_num_threads(1)
+    rows: list[DemoRow] = []
+    try:
+        for label, options in runs:
+            row = _run(label, options, core, args.steps)
+            rows.append(row)
+            print(_line(row, rows[0], width), flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    for row in rows:
+        if row.plans:
+            print(f"{row.label} planned: {_plan_summary(row.plans)}")
+        for index, plan in enumerate(row.plans if args.show_plans else []):
+            print(f"\n{row.label}, graph {index}:\n{plan}")
+    if missing is not None:
+        print(f"fxckpt demo: {missing}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(label: str, options: dict | None, core, steps: int) -> DemoRow:
+    """Train one way: through aot_eager when ``options`` is None, else
+    through ``fxckpt.backend(compiler="eager", **options)``. A run the core
+    declines (or a missing core) gives an n/a row."""
+    if options is None:
+        return _train(label, "aot_eager", steps)
+    if core is None:
+        return DemoRow(label, skipped="fxckpt core unavailable")
+    backend, budget_error = core
+    try:
+        return _train(label, backend(compiler="eager", **options), steps)
+    except Exception as error:  # a declined budget is a result, not a crash
+        declined = _declined(error, budget_error)
+        if declined is None:
+            raise
+        return DemoRow(label,
+                       skipped=f"{type(declined).__name__}: {declined}")
+
+
+def _describe(model: GPT, inputs: tuple[torch.Tensor, ...]) -> str:
+    config = model.config
+    batch, seq = inputs[0].shape
+    return (f"GPT with {config.n_layer} layers, n_embd {config.n_embd}, "
+            f"vocab {config.vocab_size}, batch {batch}, seq {seq}, dropout "
+            f"{config.dropout:g}")
+
+
+def _train(label: str, backend: str | Callable, steps: int) -> DemoRow:
+    """Train a fresh copy of the demo GPT for ``steps`` steps through
+    ``torch.compile(backend=backend)`` and measure it."""
+    torch._dynamo.reset()
+    model, inputs, loss_fn = make_model("gpt", size="small", seed=0)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    live = [*model.parameters(), *model.buffers()]
+    row = DemoRow(label)
+
+    def train_step(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)  # the same dropout masks in every run
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(compiled(*inputs))
+        loss.backward()
+        return loss
+
+    # Step 1 compiles; its loss and gradients are the ones compared.
+    row.loss = train_step(seed=0).detach().clone()
+    row.grads = {name: param.grad.clone()
+                 for name, param in model.named_parameters()}
+    row.plans = list(getattr(backend, "plans", []))
+    optimizer.step()
+
+    seeds = iter(range(1, steps))
+
+    def timed_step() -> None:
+        train_step(next(seeds))
+        optimizer.step()
+
+    row.step_seconds = statistics.median(
+        measure.time_steps(timed_step, repeat=steps - 1, warmup=0))
+
+    optimizer.zero_grad(set_to_none=True)
+    torch.manual_seed(steps)
+    saved = measure.measure_saved_bytes(
+        lambda: loss_fn(compiled(*inputs)), exclude=live)
+    saved.output.backward()
+    row.saved_bytes = saved.total_bytes
+
+    optimizer.zero_grad(set_to_none=True)
+    torch.manual_seed(steps)
+    row.peak_bytes = measure.measure_peak_bytes(
+        lambda: loss_fn(compiled(*inputs)).backward())
+    return row
+
+
+def _match(row: DemoRow, reference: DemoRow) -> str:
+    if row is reference:
+        return "reference"
+    if not torch.equal(row.loss, reference.loss):
+        return (f"no: loss {row.loss.item():.6g} vs "
+                f"{reference.loss.item():.6g}")
+    differ = [name for name, grad in reference.grads.items()
+              if not torch.equal(row.grads[name], grad)]
+    if differ:
+        return f"no: {len(differ)}/{len(reference.grads)} grads differ"
+    return "yes"
+
+
+def _header(width: int) -> str:
+    return (f"{'run':<{width}}  {'peak MiB':>9}  {'saved MiB':>9}  "
+            f"{'step time':>9}  loss+grads = (a)")
+
+
+def _line(row: DemoRow, reference: DemoRow, width: int) -> str:
+    if row.skipped:
+        return f"{row.label:<{width}}  n/a: {row.skipped}"
+    relative = row.step_seconds / reference.step_seconds
+    return (f"{row.label:<{width}}  {row.peak_bytes / MiB:>9.2f}  "
+            f"{row.saved_bytes / MiB:>9.2f}  {relative:>8.2f}x  "
+            f"{_match(row, reference)}")
+
+
+def _plan_summary(plans: list[Any]) -> str:
+    saved = sum(plan.saved_bytes for plan in plans)
+    peak = max(plan.peak_bytes for plan in plans)
+    flops = sum(plan.recompute_flops for plan in plans)
+    return (f"{len(plans)} graph(s), saved {saved / MiB:.2f} MiB, peak "
+            f"{peak / MiB:.2f} MiB, recompute {flops / 1e6:.1f} MFLOP")
+
+
+# --- entry point -------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxckpt",
+        description="Automatic activation checkpointing for torch.compile.")
+    subparsers = parser.add_subparsers(dest="command", required=True,
+                                       metavar="COMMAND")
+    add_demo(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The profiler that fxckpt.measure uses prints a line to stderr each time
+    # it starts and stops unless told otherwise before its first use.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    args = build_parser().parse_args(argv)
+    return args.run(args)
