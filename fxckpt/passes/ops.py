@@ -26,6 +26,9 @@ ATTENTION_OPS = frozenset({
 CONV_OPS = frozenset({aten.convolution, aten._convolution, aten.conv2d, aten.conv1d,
                       aten.conv3d})
 COMPUTE_INTENSIVE_OPS = MATMUL_OPS | ATTENTION_OPS | CONV_OPS
+# Namespaces whose ops are pure functions of their inputs (random ones aside,
+# which replay their RNG state). Ops from elsewhere are never recomputed.
+PURE_NAMESPACES = frozenset({"aten", "prims", "fxckpt"})
 
 
 def packet(node: fx.Node):
@@ -94,6 +97,9 @@ def not_recomputable_reason(node: fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         if target._schema.is_mutable:
             return "mutates its input in place"
+        if target.namespace not in PURE_NAMESPACES:
+            return (f"custom op {target.namespace}::{target._schema.name.split('::')[-1]} "
+                    "(fxckpt cannot know it is deterministic, so it never runs it twice)")
         if is_random(node):
             return _random_replay_obstacle(node)
     if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):

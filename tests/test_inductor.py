@@ -1,0 +1,33 @@
+"""With compiler="inductor", fxckpt's plan compiles through Inductor (which
+still fuses) and matches Inductor without fxckpt's recomputation bit for bit,
+with Inductor's random ops falling back to aten so both draw the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+import fxckpt
+
+try:
+    from tests.harness import assert_bitwise_equal, fresh, run_step
+    from tests.zoo import ZOO
+except ImportError:  # pragma: no cover
+    from harness import assert_bitwise_equal, fresh, run_step
+    from zoo import ZOO
+
+
+@pytest.mark.parametrize("name, solver", [("gpt", "recompute_all"), ("cnn_bn", "auto")])
+def test_inductor_matches_inductor_without_recompute(name, solver):
+    with inductor_config.patch(fallback_random=True):
+        torch._dynamo.reset()
+        model, inputs, loss_fn = fresh(ZOO[name])
+        ref = run_step(torch.compile(model), inputs, loss_fn)
+        torch._dynamo.reset()
+        model, inputs, loss_fn = fresh(ZOO[name])
+        be = fxckpt.backend(compiler="inductor", solver=solver)
+        got = run_step(torch.compile(model, backend=be), inputs, loss_fn)
+        torch._dynamo.reset()
+    assert be.plans and be.plans[0].recomputed
+    assert_bitwise_equal(ref, got)
