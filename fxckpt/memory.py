@@ -27,38 +27,73 @@ class MemoryTimeline:
 
 
 def simulate(forward: fx.Graph, backward: fx.Graph | None = None) -> MemoryTimeline:
-    live: dict[StorageWeakRef, int] = {}
+    walk = _walk(forward, backward)
+    return MemoryTimeline(walk.peak, walk.peak_at, tuple(walk.points))
+
+
+def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str
+              ) -> tuple[dict[str, int], str, int]:
+    """What the memory live just after node ``at`` ("phase:name") is made of:
+    bytes per kind, and the largest single value with its bytes."""
+    walk = _walk(forward, backward, stop_at=at)
+    saved = _output_storages(forward)
+    grads = _output_storages(backward) if backward is not None else set()
+    parts: dict[str, int] = {}
+    largest = max(walk.live.items(), key=lambda kv: kv[1], default=(None, 0))
+    for ref, nbytes in walk.live.items():
+        producer = walk.producer.get(ref, "")
+        if ref in grads:
+            kind = "gradients"
+        elif ref in saved and not producer.startswith("backward:"):
+            kind = "saved activations"
+        elif producer.endswith("_recomputed"):
+            kind = "recomputed values"
+        elif producer.startswith("backward:"):
+            kind = "backward temporaries"
+        else:
+            kind = "forward temporaries"
+        parts[kind] = parts.get(kind, 0) + nbytes
+    return parts, walk.producer.get(largest[0], "?"), largest[1]
+
+
+def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = None):
     not_counted = {ref for node in forward.find_nodes(op="placeholder")
                    for ref, _ in _storages(node)}
-    state = _Walk(live, not_counted)
+    state = _Walk({}, not_counted, stop_at)
     state.run(forward, "forward", keep=_output_storages(forward))
-    if backward is not None:
+    if backward is not None and not state.stopped:
         for node in backward.find_nodes(op="placeholder"):
-            state.allocate(node)        # saved values are live already; tangents are new
+            state.allocate(node, "backward")  # saved values are live already; tangents are new
         state.run(backward, "backward", keep=_output_storages(backward))
-    return MemoryTimeline(state.peak, state.peak_at, tuple(state.points))
+    return state
 
 
 class _Walk:
-    def __init__(self, live, not_counted):
+    def __init__(self, live, not_counted, stop_at=None):
         self.live = live
         self.not_counted = not_counted
+        self.stop_at, self.stopped = stop_at, False
+        self.producer: dict[StorageWeakRef, str] = {}
         self.peak, self.peak_at, self.points = 0, "", []
 
-    def allocate(self, node: fx.Node) -> None:
+    def allocate(self, node: fx.Node, phase: str) -> None:
         for ref, nbytes in _storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
+                self.producer[ref] = f"{phase}:{node.name}"
 
     def run(self, graph: fx.Graph, phase: str, *, keep: set) -> None:
         last_use = _last_uses(graph)
         for index, node in enumerate(graph.nodes):
             if node.op == "output":
                 break
-            self.allocate(node)
+            self.allocate(node, phase)
             total = sum(self.live.values())
             if total > self.peak:
                 self.peak, self.peak_at = total, f"{phase}:{node.name}"
+            if self.stop_at == f"{phase}:{node.name}":
+                self.stopped = True
+                return
             for ref in [r for r, last in last_use.items() if last == index]:
                 if ref not in keep:
                     self.live.pop(ref, None)

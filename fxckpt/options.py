@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 COMPILERS = ("inductor", "eager")
-SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all")
+SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all", "per_block", "sqrt_n")
 
 _UNITS = {
     "": 1, "b": 1,

@@ -1,5 +1,6 @@
-"""Strategies that decide what to save. Every strategy returns a Decision;
-``solve`` picks one from the options and applies the budget."""
+"""Strategies that decide what to save. Every strategy sees a Problem (numbers,
+not a graph) and returns a Decision; ``solve`` picks one from the options
+and applies the budget."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ from typing import Callable
 from ..errors import BudgetError
 from ..options import Options, format_bytes
 from ..types import Decision, Profile, Tag
-from .baselines import solve_recompute_all, solve_save_all
-from .mincut import solve_mincut
+from .baselines import per_block, recompute_all, save_all, sqrt_segments
+from .budgeted import solve_budgeted
+from .mincut import runtime_optimal
+from .problem import build_problem
 
-STRATEGIES = {
-    "mincut": solve_mincut,
-    "save_all": solve_save_all,
-    "recompute_all": solve_recompute_all,
+BASELINES = {
+    "save_all": save_all,
+    "recompute_all": recompute_all,
+    "per_block": per_block,
+    "sqrt_n": sqrt_segments,
+    "mincut": runtime_optimal,
 }
 
 # evaluate(decision) -> (rewritten graphs, memory timeline)
@@ -24,23 +29,23 @@ Evaluate = Callable[[Decision], tuple]
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options):
     """Return (decision, rewritten, timeline) for the options' solver and budget."""
-    if options.solver in ("save_all", "recompute_all"):
-        decision = STRATEGIES[options.solver](profile, tags)
+    problem = build_problem(profile, tags)
+    if options.solver in BASELINES:
+        decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)
-        return _check_budget(decision, rewritten, timeline, options, None)
-    runtime_optimal = solve_mincut(profile, tags)
-    rewritten, timeline = evaluate(runtime_optimal)
+        return _within_budget(decision, rewritten, timeline, options)
+    optimal = runtime_optimal(problem)
+    rewritten, timeline = evaluate(optimal)
     if options.budget is None:
-        return runtime_optimal, rewritten, timeline
+        return optimal, rewritten, timeline
     budget = options.budget.resolve(timeline.peak_bytes)
     if timeline.peak_bytes <= budget:
-        return replace(runtime_optimal, budget_bytes=budget), rewritten, timeline
-    from .budgeted import solve_budgeted  # the budgeted solvers
-    return solve_budgeted(profile, tags, evaluate, budget, options.solver,
-                          runtime_optimal=(runtime_optimal, rewritten, timeline))
+        return replace(optimal, budget_bytes=budget), rewritten, timeline
+    return solve_budgeted(problem, evaluate, budget, options.solver,
+                          runtime_optimal_peak=timeline.peak_bytes)
 
 
-def _check_budget(decision, rewritten, timeline, options, _):
+def _within_budget(decision, rewritten, timeline, options):
     if options.budget is None:
         return decision, rewritten, timeline
     budget = options.budget.resolve(timeline.peak_bytes)

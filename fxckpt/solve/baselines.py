@@ -1,40 +1,61 @@
-"""Reference strategies: save everything backward reads, or recompute all
-that can be recomputed."""
+"""Reference strategies, through the same Problem and the same cut:
+save everything backward reads, recompute all that can be recomputed,
+checkpoint per block (torch.utils.checkpoint around each layer), and
+sqrt(n) segments."""
 
 from __future__ import annotations
 
+import math
 import time
+import numpy as np
 
-from torch.utils.checkpoint import CheckpointPolicy
-
-from ..types import Decision, Profile, Tag
-from .common import recompute_closure
+from ..types import Decision
+from .problem import Problem, computed_in_backward, to_decision
 
 
-def solve_save_all(profile: Profile, tags: dict[str, Tag]) -> Decision:
+def save_all(problem: Problem) -> Decision:
     start = time.perf_counter()
-    saved = frozenset(name for name in profile.needed_by_backward
-                      if tags[name].policy != CheckpointPolicy.MUST_RECOMPUTE
-                      and _savable(profile, name))
-    return Decision(saved, recompute_closure(profile, saved), "save_all",
-                    time.perf_counter() - start)
+    saved = problem.needed & problem.can_save
+    return _decision(problem, saved, "save_all", start)
 
 
-def solve_recompute_all(profile: Profile, tags: dict[str, Tag]) -> Decision:
-    """Save only what cannot be recomputed (inputs, MUST_SAVE values) and
-    recompute everything else backward needs."""
+def recompute_all(problem: Problem) -> Decision:
+    """Save only what cannot be recomputed; recompute everything else."""
+    return _segments(problem, np.zeros(problem.n, dtype=np.int64), "recompute_all")
+
+
+def per_block(problem: Problem) -> Decision:
+    """Like torch.utils.checkpoint around every repeated block (layer): values
+    inside a block are recomputed; what crosses a block boundary is saved."""
+    return _segments(problem, problem.block, "per_block")
+
+
+def sqrt_segments(problem: Problem) -> Decision:
+    """Forward order cut into sqrt(n) segments, each checkpointed."""
+    length = max(1, int(math.sqrt(problem.n)))
+    return _segments(problem, np.arange(problem.n) // length, "sqrt_n")
+
+
+def _segments(problem: Problem, segment: np.ndarray, name: str) -> Decision:
+    """Save what leaves its segment (read by another segment, or outside any)
+    and what cannot be recomputed; recompute the rest backward needs from
+    those, as a checkpoint around each segment would."""
     start = time.perf_counter()
-    anchors = {n.name for n in profile.forward_nodes()
-               if (n.is_input and not n.is_mutated_input)
-               or tags[n.name].policy == CheckpointPolicy.MUST_SAVE}
-    closure = recompute_closure(profile, frozenset(anchors))
-    saved = frozenset(a for a in anchors if a in closure or a in profile.needed_by_backward
-                      or any(a in profile.nodes[c].inputs for c in closure))
-    saved = frozenset(s for s in saved if _savable(profile, s))
-    return Decision(saved, recompute_closure(profile, saved), "recompute_all",
-                    time.perf_counter() - start)
+    boundary = ~problem.can_recompute | (segment < 0)
+    for i, parents in enumerate(problem.parents):
+        for j in parents:
+            if segment[j] != segment[i]:
+                boundary[j] = True
+    saved = boundary & problem.can_save
+    recomputed = computed_in_backward(problem, saved)
+    # Keep only boundaries backward actually reads, directly or to recompute.
+    read = problem.needed.copy()
+    for i in np.flatnonzero(recomputed):
+        read[problem.parents[i]] = True
+    return _decision(problem, saved & read, name, start)
 
 
-def _savable(profile: Profile, name: str) -> bool:
-    node = profile.nodes[name]
-    return (node.is_tensor or node.is_symbolic) and not node.is_mutated_input
+def _decision(problem: Problem, saved: np.ndarray, name: str, start: float) -> Decision:
+    recomputed = computed_in_backward(problem, saved)
+    return to_decision(problem, saved, recomputed, solver=name,
+                       seconds=time.perf_counter() - start, gap=None, budget_bytes=None)

@@ -1,0 +1,313 @@
+"""The planning problem as numbers: what solvers see instead of a graph.
+
+One adapter (``build_problem``) maps a Profile and its Tags to arrays indexed
+by forward value; every strategy answers with two boolean masks, ``saved``
+and ``recomputed`` (computed in backward), and ``to_decision`` maps them back
+to names. Property tests drive solvers with Problems made from random data.
+
+The memory proxy. Solvers need peak memory as a function of the masks; the
+exact answer (memory.simulate on the rewritten graphs) is too slow to call
+inside a search, so a Problem carries a linear model over a few stages:
+
+* forward stage t:  base_fwd[t] + sum_i size_i * saved_i * [i made before t and
+  forward is done reading it by t]  -- saving extends a value's life to the
+  end of forward;
+* backward stage k: base_bwd[k] + sum_i size_i * saved_i * [backward still
+  reads i at or after k] + sum_i size_i * recomputed_i * [i is live at k once
+  rematerialised just in time] + sum_i replay_i * recomputed_i.
+
+``base`` is what is live at the stage whatever the plan (backward's own
+temporaries and gradients, forward values in flight). The model is checked
+against the exact simulation after every solve; where it was optimistic the
+budgeted driver tightens its target and solves again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ..types import BACKWARD, Decision, Profile, Tag
+from .common import run_in_forward
+
+MAX_STAGES = 64
+# The first numbered component of a module path names a repeated block:
+# "blocks.3.attn" -> "blocks.3", "model.layers.0.mlp" -> "model.layers.0".
+_BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    names: tuple[str, ...]
+    parents: tuple[np.ndarray, ...]   # forward inputs of each value (indices)
+    size: np.ndarray                  # bytes held if saved (0 for parameters)
+    cost: np.ndarray                  # extra seconds if recomputed
+    replay: np.ndarray                # RNG state bytes saved if recomputed
+    needed: np.ndarray                # backward reads it directly
+    can_save: np.ndarray
+    can_recompute: np.ndarray
+    prefer_save: np.ndarray           # user PREFER_SAVE: overriding it is penalised
+    prefer_recompute: np.ndarray      # user PREFER_RECOMPUTE: likewise
+    hint_save: np.ndarray             # any PREFER_SAVE (matmuls by default)
+    hint_recompute: np.ndarray        # any PREFER_RECOMPUTE (views, pointwise by default)
+    block: np.ndarray                 # index of the repeated block (layer) a value is in; -1 none
+    stage_saved: np.ndarray           # (stages, n): 1 where saving i adds size_i
+    stage_recomputed: np.ndarray      # (stages, n): 1 where recomputing i adds size_i
+    stage_base: np.ndarray            # (stages,)
+    stage_names: tuple[str, ...] = field(default=())
+    lifetimes: "Lifetimes | None" = field(default=None, repr=False)
+    through: np.ndarray | None = field(default=None, repr=False)  # see refined()
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def peak(self, saved: np.ndarray, recomputed: np.ndarray) -> float:
+        """The proxy's peak for the plan given by two masks."""
+        s = saved.astype(float) * self.size
+        r = recomputed.astype(float) * self.size
+        live = self.stage_base + self.stage_saved @ s + self.stage_recomputed @ r \
+            + float(recomputed.astype(float) @ self.replay)
+        return float(live.max()) if len(live) else 0.0
+
+    def refined(self, recomputed: np.ndarray) -> "Problem":
+        """The same problem, with recompute lifetimes that also follow chains
+        through ``recomputed`` (a plan whose peak the proxy under-estimated):
+        a value fed to other recomputes is live from when the first of those
+        is needed. Refinements accumulate, so the proxy only grows more
+        cautious."""
+        if self.lifetimes is None or self.through is None:
+            return self
+        through = self.through | recomputed
+        rows = self.lifetimes.recompute_rows(self.parents, through)
+        return replace(self, stage_recomputed=rows, through=through)
+
+    def recompute_cost(self, recomputed: np.ndarray) -> float:
+        return float(self.cost[recomputed].sum())
+
+    def overrides(self, saved: np.ndarray, recomputed: np.ndarray) -> list[int]:
+        return [i for i in range(self.n)
+                if (self.prefer_save[i] and recomputed[i])
+                or (self.prefer_recompute[i] and saved[i])]
+
+    def is_feasible(self, saved: np.ndarray, recomputed: np.ndarray) -> str:
+        """"" if the masks describe a plan backward can run, else why not."""
+        for i in range(self.n):
+            if saved[i] and not self.can_save[i]:
+                return f"{self.names[i]} saved but cannot be"
+            if recomputed[i] and not self.can_recompute[i]:
+                return f"{self.names[i]} recomputed but cannot be"
+            if self.needed[i] and not (saved[i] or recomputed[i]):
+                return f"{self.names[i]} needed but neither saved nor recomputed"
+            if recomputed[i]:
+                for j in self.parents[i]:
+                    if not (saved[j] or recomputed[j]):
+                        return f"{self.names[i]} recomputed without its input {self.names[j]}"
+        return ""
+
+
+def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
+    """Values backward must compute when ``saved`` crosses over: those it
+    reads, and their inputs, back to saved values."""
+    computed = np.zeros(problem.n, dtype=bool)
+    stack = [int(i) for i in np.flatnonzero(problem.needed & ~saved)]
+    while stack:
+        i = stack.pop()
+        if computed[i]:
+            continue
+        computed[i] = True
+        stack.extend(int(j) for j in problem.parents[i] if not saved[j] and not computed[j])
+    return computed
+
+
+def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
+    forward = profile.forward_nodes()
+    names = tuple(n.name for n in forward)
+    index = {name: i for i, name in enumerate(names)}
+    n = len(names)
+    parents = tuple(np.array([index[p] for p in node.inputs if p in index], dtype=np.int64)
+                    for node in forward)
+    ran_forward = run_in_forward(profile, frozenset())
+    size = np.zeros(n)
+    cost = np.zeros(n)
+    replay = np.zeros(n)
+    can_save = np.zeros(n, dtype=bool)
+    can_recompute = np.zeros(n, dtype=bool)
+    prefer_save = np.zeros(n, dtype=bool)
+    prefer_recompute = np.zeros(n, dtype=bool)
+    hint_save = np.zeros(n, dtype=bool)
+    hint_recompute = np.zeros(n, dtype=bool)
+    blocks: dict[str, int] = {}
+    block = np.full(n, -1)
+    for i, node in enumerate(forward):
+        match = _BLOCK.match(node.module_path)
+        if match:
+            block[i] = blocks.setdefault(match.group(1), len(blocks))
+        owner = profile.nodes[node.storage]
+        size[i] = 0.0 if owner.is_static else float(owner.bytes)
+        # Values only backward reads run once wherever they run: no extra cost.
+        cost[i] = node.cost if node.name in ran_forward else 0.0
+        replay[i] = node.replay_bytes
+        policy, origin = tags[node.name].policy, tags[node.name].origin
+        can_save[i] = ((node.is_tensor or node.is_symbolic) and not node.is_mutated_input
+                       and policy != CheckpointPolicy.MUST_RECOMPUTE)
+        can_recompute[i] = (node.recomputable and not node.is_input
+                            and policy != CheckpointPolicy.MUST_SAVE)
+        hint_save[i] = policy == CheckpointPolicy.PREFER_SAVE
+        hint_recompute[i] = policy == CheckpointPolicy.PREFER_RECOMPUTE
+        if origin != "default":
+            prefer_save[i] = hint_save[i]
+            prefer_recompute[i] = hint_recompute[i]
+    needed = np.array([name in profile.needed_by_backward for name in names])
+    stages = _stage_model(profile, names, index, size)
+    # Until a plan says otherwise, guess that values a default tag would
+    # recompute (views, pointwise) are the ones recomputed chains run through.
+    stages["through"] = hint_recompute | ~can_save
+    stages["stage_recomputed"] = stages["lifetimes"].recompute_rows(parents, stages["through"])
+    return Problem(names=names, parents=parents, size=size, cost=cost, replay=replay,
+                   needed=needed, can_save=can_save, can_recompute=can_recompute,
+                   prefer_save=prefer_save, prefer_recompute=prefer_recompute,
+                   hint_save=hint_save, hint_recompute=hint_recompute, block=block, **stages)
+
+
+def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, *,
+                solver: str, seconds: float, gap: float | None,
+                budget_bytes: int | None) -> Decision:
+    overrides = tuple(
+        f"{problem.names[i]}: "
+        + ("PREFER_SAVE overridden, recomputed" if recomputed[i]
+           else "PREFER_RECOMPUTE overridden, saved")
+        + " to meet the budget" for i in problem.overrides(saved, recomputed))
+    return Decision(
+        saved=frozenset(problem.names[i] for i in np.flatnonzero(saved)),
+        recomputed=frozenset(problem.names[i] for i in np.flatnonzero(recomputed)),
+        solver=solver, solve_seconds=seconds, gap=gap, overrides=overrides,
+        budget_bytes=budget_bytes)
+
+
+def _stage_model(profile: Profile, names, index, size) -> dict:
+    """Stages and the 0/1 matrices of the memory proxy (see module doc)."""
+    nodes = list(profile.nodes.values())
+    n = len(names)
+    fwd_pos = {name: t for t, name in enumerate(names)}
+    backward = [node for node in nodes if node.phase == BACKWARD]
+    bwd_pos = {node.name: k for k, node in enumerate(backward)}
+    last_fwd = np.arange(n)
+    first_bwd = np.full(n, len(backward))
+    last_bwd = np.full(n, -1)
+    for node in nodes:
+        for parent in node.inputs:
+            if parent not in index:
+                continue
+            i = index[parent]
+            if node.phase == BACKWARD:
+                first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
+                last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
+            else:
+                last_fwd[i] = max(last_fwd[i], fwd_pos[node.name])
+    outputs = {index[o] for o in profile.forward_outputs if o in index}
+    for i in outputs:
+        last_fwd[i] = n
+    # Memory is held per storage: a storage lives from its first alias to the
+    # last use of any alias (a view keeps its base alive).
+    owner = np.array([index.get(profile.nodes[name].storage, i) for i, name in enumerate(names)])
+    is_owner = owner == np.arange(n)
+    for i in range(n):
+        o = owner[i]
+        last_fwd[o] = max(last_fwd[o], last_fwd[i])
+        last_bwd[o] = max(last_bwd[o], last_bwd[i])
+    last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
+    base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
+    base_bwd = _backward_base(profile, backward, bwd_pos)
+    held = sum(size[i] for i in outputs)
+    stages = _pick_stages(base_fwd, base_bwd + held)
+    rows_saved, rows_recomputed, base, labels = [], [], [], []
+    for phase, t in stages:
+        if phase == "forward":
+            rows_saved.append((np.arange(n) <= t) & (last_fwd < t))
+            base.append(base_fwd[t])
+            labels.append(f"forward:{names[t]}")
+        else:
+            rows_saved.append(last_bwd >= t)
+            base.append(base_bwd[t] + held)
+            labels.append(f"backward:{backward[t].name}")
+    shape = (len(stages), n)
+    backward_stages = np.array([t if phase == "backward" else -1 for phase, t in stages])
+    return dict(
+        stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
+        stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
+        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages))
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """When recomputed storages live in backward, given which values chains
+    of recomputation run through."""
+
+    first_bwd: np.ndarray        # first backward step reading each value (n_bwd if none)
+    owner: np.ndarray            # index of the value owning each value's storage
+    is_owner: np.ndarray
+    last_bwd: np.ndarray         # last backward step reading the storage (-1 if none)
+    stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
+
+    def recompute_rows(self, parents, through: np.ndarray) -> np.ndarray:
+        n = len(self.first_bwd)
+        first_need = self.first_bwd.copy()
+        # A value recomputed only to feed another recompute is live from when
+        # that consumer first is needed: propagate back through ``through``.
+        for i in range(n - 1, -1, -1):
+            if through[i]:
+                for j in parents[i]:
+                    first_need[j] = min(first_need[j], first_need[i])
+        for i in range(n):
+            o = self.owner[i]
+            first_need[o] = min(first_need[o], first_need[i])
+        first_need = first_need[self.owner]
+        end = np.maximum(self.last_bwd, first_need)
+        rows = [(self.is_owner & (first_need <= t) & (end >= t)) if t >= 0
+                else np.zeros(n, dtype=bool) for t in self.stages]
+        return np.array(rows, dtype=float).reshape(len(self.stages), n)
+
+
+def _backward_base(profile: Profile, backward, bwd_pos) -> np.ndarray:
+    """Bytes backward's own storages hold at each backward step; a storage
+    nothing reads afterwards (a gradient) is kept to the end."""
+    end = len(backward)
+    last_read: dict[str, int] = {}
+    for k, node in enumerate(backward):
+        for parent in node.inputs:
+            if parent in bwd_pos:
+                owner = profile.nodes[parent].storage
+                last_read[owner] = max(last_read.get(owner, -1), k)
+    for name in profile.backward_outputs:       # gradients outlive the graph
+        last_read[profile.nodes[name].storage] = end
+    intervals = [(k, last_read.get(node.name, end), float(node.bytes))
+                 for k, node in enumerate(backward) if node.storage == node.name]
+    return _live_curve(end, intervals)
+
+
+def _live_curve(length: int, intervals) -> np.ndarray:
+    """Bytes live at each position given (start, end, bytes) intervals."""
+    delta = np.zeros(length + 2)
+    for start, end, nbytes in intervals:
+        delta[start] += nbytes
+        delta[min(end, length) + 1] -= nbytes
+    return np.cumsum(delta)[:length]
+
+
+def _pick_stages(base_fwd: np.ndarray, base_bwd: np.ndarray) -> list[tuple[str, int]]:
+    """A bounded set of stages: the end of forward, the start of backward, the
+    heaviest stages of each phase and evenly spaced ones between them."""
+    stages: set[tuple[str, int]] = set()
+    for phase, curve in (("forward", base_fwd), ("backward", base_bwd)):
+        if not len(curve):
+            continue
+        budget = MAX_STAGES // 2
+        stages.update((phase, int(t)) for t in np.argsort(-curve)[: budget // 2])
+        stages.update((phase, int(t)) for t in np.linspace(0, len(curve) - 1,
+                                                           budget // 2).astype(int))
+        stages.add((phase, len(curve) - 1 if phase == "forward" else 0))
+    return sorted(stages)
