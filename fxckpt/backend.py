@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from .capture import compile_planned
-from .options import Options
+from .errors import BudgetError, FxckptError, surface_through_dynamo
+from .options import Budget, Options, format_bytes
 from .pipeline import Planner
 from .types import Plan
 
@@ -26,14 +28,39 @@ class Backend:
         self.graphs_without_backward = 0
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
-        planner = Planner(self.options, on_plan=self.plans.append,
-                          node_policy=self.node_policy)
-        compiled = compile_planned(gm, example_inputs, planner)
+        try:
+            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append,
+                              node_policy=self.node_policy)
+            compiled = compile_planned(gm, example_inputs, planner)
+        except FxckptError as error:
+            raise surface_through_dynamo(error) from None
         if not planner.plans:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
         return compiled
+
+    def _options_for_next_graph(self) -> Options:
+        """Split a byte budget across the graphs of one step (graph breaks).
+
+        Graphs compile in the order their forwards run. While graph k runs,
+        forward or backward, the activations graphs 1..k-1 saved are still
+        held; graphs after k have either not run yet (forward) or already
+        freed theirs (backward). So the step's peak is the largest, over k, of
+        graph k's own peak plus what the earlier graphs saved, and graph k is
+        given the budget minus those saved bytes. A fraction budget is read per
+        graph, as a fraction of that graph's runtime-optimal peak."""
+        budget = self.options.budget
+        if budget is None or budget.bytes is None or not self.plans:
+            return self.options
+        held = sum(plan.saved_bytes for plan in self.plans)
+        remaining = budget.bytes - held
+        if remaining <= 0:
+            raise BudgetError(
+                f"the budget of {format_bytes(budget.bytes)} is used up by the "
+                f"{format_bytes(held)} that the {len(self.plans)} graph(s) before this one "
+                "save for backward; raise the budget", floor_bytes=held + 1)
+        return replace(self.options, budget=Budget(bytes=remaining))
 
     def __repr__(self) -> str:
         o = self.options

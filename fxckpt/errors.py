@@ -29,3 +29,23 @@ class PolicyError(FxckptError, ValueError):
 class PlanError(FxckptError):
     """A plan or a rewritten graph failed verification. This is a bug in
     fxckpt: the plan never runs."""
+
+
+_SURFACED: dict[type, type] = {}
+
+
+def surface_through_dynamo(error: FxckptError) -> FxckptError:
+    """The same error, of a class Dynamo re-raises as it is instead of wrapping
+    it in BackendCompilerFailed, so ``except fxckpt.BudgetError`` works
+    around ``torch.compile``. Still an instance of the original class."""
+    from torch._dynamo.exc import ShortenTraceback
+
+    cls = type(error)
+    if cls not in _SURFACED:
+        _SURFACED[cls] = type(cls.__name__, (cls, ShortenTraceback),
+                              {"__module__": cls.__module__})
+    surfaced = Exception.__new__(_SURFACED[cls])
+    surfaced.args = error.args
+    surfaced.__dict__.update(error.__dict__)
+    surfaced.first_useful_frame = None
+    return surfaced

@@ -207,8 +207,10 @@ def _shifted_ce(idx: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def make_gpt() -> MakeResult:
     torch.manual_seed(0)
-    m = GPT().train()
-    idx = torch.randint(0, 128, (2, 32))
+    # Batch and sequence large enough that activations, not parameters and
+    # their gradients, dominate memory: budgets then have room to act.
+    m = GPT(block_size=64).train()
+    idx = torch.randint(0, 128, (8, 64))
     return m, (idx,), _shifted_ce(idx)
 
 

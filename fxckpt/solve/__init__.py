@@ -42,7 +42,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     if timeline.peak_bytes <= budget:
         return replace(optimal, budget_bytes=budget), rewritten, timeline
     return solve_budgeted(problem, evaluate, budget, options.solver,
-                          runtime_optimal_peak=timeline.peak_bytes)
+                          runtime_optimal=(optimal, rewritten, timeline))
 
 
 def _within_budget(decision, rewritten, timeline, options):
