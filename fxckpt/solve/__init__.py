@@ -38,9 +38,10 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     rewritten, timeline = evaluate(optimal)
     if options.budget is None:
         return optimal, rewritten, timeline
+    # With a budget, plans come from the trade-off frontier, of which the
+    # runtime-optimal plan is one candidate: a budget it fits gets it or a
+    # plan that is no more costly and peaks no higher.
     budget = options.budget.resolve(timeline.peak_bytes)
-    if timeline.peak_bytes <= budget:
-        return replace(optimal, budget_bytes=budget), rewritten, timeline
     return solve_budgeted(problem, evaluate, budget, options.solver,
                           runtime_optimal=(optimal, rewritten, timeline))
 

@@ -1,16 +1,30 @@
-"""Planning under a budget: pick a strategy, check its plan against the exact
-memory model, tighten and retry where the proxy was optimistic, and refuse
-with the smallest feasible budget when nothing fits."""
+"""Planning under a budget, through the graph's trade-off frontier.
+
+A strategy (the exact ILP or the fast solver) is asked for plans at a
+descending series of memory targets below the runtime-optimal plan's peak;
+every plan is checked against the exact memory model (the proxy the
+strategies optimise can be off either way), and the reference strategies
+join in. The plans no other plan beats on both exact peak and recompute cost
+form the frontier. A budget then takes the cheapest frontier plan whose
+exact peak fits it.
+
+Because the frontier does not depend on the budget:
+* a larger budget never costs more recompute, and never yields a lower
+  peak (along a frontier, cheaper means more memory);
+* the floor named by BudgetError, the frontier's lowest peak, is always met
+  when asked for.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import BudgetError
 from ..options import format_bytes
+from ..types import Decision
 from .baselines import per_block, recompute_all, sqrt_segments
 from .fast import solve_fast
 from .ilp import Infeasible, solve_ilp
@@ -18,65 +32,80 @@ from .problem import Problem, to_decision
 
 # solver="auto" uses the exact ILP up to this many forward values.
 ILP_MAX_VALUES = 400
-_RETRIES = 10
-_FLOOR_STEPS = 12
+# Targets step down geometrically from the runtime-optimal peak.
+_TARGET_RATIO = 0.96
+_MAX_TARGETS = 16
+_STALLS_BEFORE_STOP = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    decision: Decision
+    rewritten: object
+    timeline: object
+    cost: float
+
+    @property
+    def peak(self) -> int:
+        return self.timeline.peak_bytes
 
 
 def solve_budgeted(problem: Problem, evaluate, budget: int, solver: str, *,
                    runtime_optimal):
     """``runtime_optimal`` is (decision, rewritten, timeline) of the plan
-    without a budget; the caller has found it over budget."""
-    strategy = _pick(solver, problem)
-    problem_at_start = problem
+    without a budget."""
     start = time.perf_counter()
-    target = float(budget)
-    tried = []
-    for _ in range(_RETRIES):
+    frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
+    seconds = time.perf_counter() - start
+    fitting = [c for c in frontier if c.peak <= budget]
+    if not fitting:
+        raise _budget_error(frontier[0], budget, runtime_optimal[2].peak_bytes)
+    chosen = min(fitting, key=lambda c: (c.cost, c.peak))
+    decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
+    return decision, chosen.rewritten, chosen.timeline
+
+
+def pareto_frontier(problem: Problem, evaluate, solver: str, runtime_optimal
+                    ) -> list[Candidate]:
+    """Plans on the exact peak / recompute cost frontier, lowest peak first."""
+    strategy = _pick(solver, problem)
+
+    def candidate(decision: Decision) -> Candidate:
+        rewritten, timeline = evaluate(decision)
+        return Candidate(decision, rewritten, timeline,
+                         problem.recompute_cost(_mask(problem, decision.recomputed)))
+
+    found = [Candidate(*runtime_optimal, problem.recompute_cost(
+        _mask(problem, runtime_optimal[0].recomputed)))]
+    found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
+                                     sqrt_segments(problem))]
+    target, lowest, stalls = float(found[0].peak), min(c.peak for c in found), 0
+    for _ in range(_MAX_TARGETS):
+        target *= _TARGET_RATIO
+        started = time.perf_counter()
         try:
             saved, recomputed, gap = strategy(problem, target)
         except Infeasible:
             break
-        decision = to_decision(problem, saved, recomputed, solver=strategy.__name__,
-                               seconds=time.perf_counter() - start, gap=gap,
-                               budget_bytes=budget)
-        rewritten, timeline = evaluate(decision)
-        if timeline.peak_bytes <= budget:
-            return decision, rewritten, timeline
-        tried.append((decision, rewritten, timeline))
-        # The proxy under-estimated this plan's peak: learn this plan's
-        # lifetimes, and ask for that much less.
+        found.append(candidate(to_decision(
+            problem, saved, recomputed, solver=strategy.__name__,
+            seconds=time.perf_counter() - started, gap=gap, budget_bytes=None)))
+        # Follow recompute chains this plan uses from now on: the proxy only
+        # grows more cautious, so targets below stay honest.
         problem = problem.refined(recomputed)
-        target -= (timeline.peak_bytes - budget) * 0.5 + 1
-    # Nothing the search found fits. The floor search below does not depend
-    # on the budget, so the floor it names is always met when asked for.
-    floor = lowest_peak(problem_at_start, evaluate, runtime_optimal)
-    fitting = [t for t in tried + [floor] if t[2].peak_bytes <= budget]
-    if fitting:
-        decision, rewritten, timeline = min(
-            fitting, key=lambda t: problem.recompute_cost(_mask(problem, t[0].recomputed)))
-        return replace(decision, budget_bytes=budget), rewritten, timeline
-    raise _budget_error(floor, budget, runtime_optimal[2].peak_bytes)
-
-
-def lowest_peak(problem: Problem, evaluate, runtime_optimal):
-    """The plan with the lowest exact peak fxckpt can find: the reference
-    strategies, then the fast solver asked for ever less memory."""
-    found = [runtime_optimal] + [(d, *evaluate(d)) for d in _references(problem)]
-    best = min(found, key=lambda t: t[2].peak_bytes)
-    target = float(best[2].peak_bytes)
-    for _ in range(_FLOOR_STEPS):
-        target *= 0.93
-        try:
-            saved, recomputed = solve_fast(problem, target)
-        except Infeasible:
+        stalls = stalls + 1 if found[-1].peak >= lowest else 0
+        lowest = min(lowest, found[-1].peak)
+        if stalls >= _STALLS_BEFORE_STOP:
             break
-        decision = to_decision(problem, saved, recomputed, solver="fast", seconds=0.0,
-                               gap=None, budget_bytes=None)
-        candidate = (decision, *evaluate(decision))
-        if candidate[2].peak_bytes < best[2].peak_bytes:
-            best = candidate
-        problem = problem.refined(recomputed)
-    return best
+    return _non_dominated(found)
+
+
+def _non_dominated(found: list[Candidate]) -> list[Candidate]:
+    frontier: list[Candidate] = []
+    for c in sorted(found, key=lambda c: (c.peak, c.cost)):
+        if not frontier or c.cost < frontier[-1].cost:
+            frontier.append(c)
+    return frontier
 
 
 def _pick(solver: str, problem: Problem):
@@ -97,25 +126,19 @@ def _fast(problem, target):
 _ilp.__name__, _fast.__name__ = "ilp", "fast"
 
 
-def _references(problem: Problem):
-    return [recompute_all(problem), per_block(problem), sqrt_segments(problem)]
-
-
 def _mask(problem: Problem, names) -> np.ndarray:
     return np.array([name in names for name in problem.names], dtype=bool)
 
 
-def _budget_error(floor_plan, budget, runtime_optimal_peak) -> BudgetError:
-    _, rewritten, timeline = floor_plan
-    floor = timeline.peak_bytes
-    what = dominated_by(rewritten, timeline)
+def _budget_error(floor: Candidate, budget, runtime_optimal_peak) -> BudgetError:
+    what = dominated_by(floor.rewritten, floor.timeline)
     return BudgetError(
         f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
-        f"feasible budget is {format_bytes(floor)} ({floor} bytes; the runtime-optimal "
-        f"plan peaks at {format_bytes(runtime_optimal_peak)}). At that floor the peak is "
-        f"at {timeline.peak_at}, made of {what}. Raise the budget to at least {floor} "
-        "bytes, or shrink the batch.",
-        floor_bytes=floor, dominated_by=what)
+        f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
+        f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
+        f"floor the peak is at {floor.timeline.peak_at}, made of {what}. Raise the "
+        f"budget to at least {floor.peak} bytes, or shrink the batch.",
+        floor_bytes=floor.peak, dominated_by=what)
 
 
 def dominated_by(rewritten, timeline) -> str:

@@ -1,0 +1,89 @@
+"""Budgets in bytes are honoured or refused.
+
+On the zoo's GPT (with dropout), a sweep of budgets from fxckpt's floor to
+the runtime-optimal plan's peak: the measured peak stays within each budget
+(5% for measurement), peaks rise with the budget, recompute cost falls, and
+gradients stay bit for bit equal to eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fxckpt
+
+try:
+    from tests.harness import assert_bitwise_equal, fresh, run_step
+    from tests.test_memory_model import Step, measured_and_predicted
+    from tests.zoo import ZOO
+except ImportError:  # pragma: no cover
+    from harness import assert_bitwise_equal, fresh, run_step
+    from test_memory_model import Step, measured_and_predicted
+    from zoo import ZOO
+
+
+def _floor_and_optimal():
+    model, inputs, loss_fn = fresh(ZOO["gpt"])
+    step = Step(model, loss_fn)
+    optimal = fxckpt.explain(step, *inputs)
+    with pytest.raises(fxckpt.BudgetError) as refused:
+        fxckpt.explain(step, *inputs, budget=1)
+    return refused.value.floor_bytes, optimal.peak_bytes
+
+
+def test_budget_sweep_on_gpt():
+    floor, optimal = _floor_and_optimal()
+    assert floor < 0.8 * optimal
+    budgets = [int(b) for b in np.linspace(floor, optimal, 8)]
+    model, inputs, loss_fn = fresh(ZOO["gpt"])
+    reference = run_step(Step(model, loss_fn), inputs, lambda loss: loss)
+    rows = []
+    for budget in budgets:
+        measured, predicted, plans = measured_and_predicted("gpt", budget=budget)
+        assert predicted <= budget
+        assert measured <= budget * 1.05, (budget, measured)
+        torch._dynamo.reset()
+        model, inputs, loss_fn = fresh(ZOO["gpt"])
+        got = run_step(torch.compile(Step(model, loss_fn),
+                                     backend=fxckpt.backend(compiler="eager", budget=budget)),
+                       inputs, lambda loss: loss)
+        assert_bitwise_equal(reference, got)
+        rows.append((budget, measured, plans[0].recompute_cost))
+    measured_peaks = [m for _, m, _ in rows]
+    costs = [c for _, _, c in rows]
+    assert measured_peaks == sorted(measured_peaks), rows
+    assert costs == sorted(costs, reverse=True), rows
+
+
+def test_too_small_budget_names_the_floor_and_the_floor_is_met():
+    floor, _ = _floor_and_optimal()
+    model, inputs, loss_fn = fresh(ZOO["gpt"])
+    with pytest.raises(fxckpt.BudgetError, match=str(floor)) as refused:
+        torch.compile(Step(model, loss_fn),
+                      backend=fxckpt.backend(compiler="eager", budget=floor - 1))(*inputs)
+    assert refused.value.floor_bytes == floor
+    assert "made of" in str(refused.value)
+    measured, predicted, _ = measured_and_predicted("gpt", budget=floor)
+    assert predicted <= floor and measured <= floor * 1.05
+
+
+def test_budget_above_runtime_optimal_peak_recomputes_nothing_extra():
+    """A budget the runtime-optimal plan fits gets a plan that recomputes no
+    more than it and peaks no higher (the frontier may hold one that beats
+    it on both)."""
+    model, inputs, loss_fn = fresh(ZOO["gpt"])
+    step = Step(model, loss_fn)
+    optimal = fxckpt.explain(step, *inputs)
+    for budget in (optimal.peak_bytes, optimal.peak_bytes * 2):
+        roomy = fxckpt.explain(step, *inputs, budget=budget)
+        assert roomy.recompute_cost <= optimal.recompute_cost
+        assert roomy.peak_bytes <= optimal.peak_bytes
+        assert roomy.budget_bytes == budget
+
+
+@pytest.mark.parametrize("budget", ["64MiB", 0.85])
+def test_budget_forms_reach_the_solver(budget):
+    model, inputs, loss_fn = fresh(ZOO["gpt"])
+    plan = fxckpt.explain(Step(model, loss_fn), *inputs, budget=budget)
+    assert plan.budget_bytes is not None and plan.peak_bytes <= plan.budget_bytes
