@@ -212,6 +212,7 @@ def user_frame() -> tuple[str, int] | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def format_where(where: tuple[str, int] | None) -> str:
     """``file.py:12 code``, as ``OpCall.source`` and error messages show it."""
     if where is None:
@@ -221,18 +222,26 @@ def format_where(where: tuple[str, int] | None) -> str:
     return f"{os.path.basename(filename)}:{line} {code}".rstrip()
 
 
+_CALL_IMPL = nn.Module._call_impl.__code__
+
+
 class ModuleScope:
     """The dotted path of the module running now ("blocks.0.attn").
 
-    Paths are relative to ``root`` (the checkpointed function when it is a
-    module or a bound method of one); a module reached some other way is named
-    by its attribute name in the module that called it, and a module called
-    from outside any known module is taken as a root ("")."""
+    Read from the Python stack (the module calls between the frame that
+    called ``checkpoint`` and the op) rather than kept by global module
+    hooks, which torch.compile would trace into. Paths are
+    relative to ``root`` (the checkpointed function when it is a module or a
+    bound method of one); a module not under the root is named relative to
+    the module that called it, or "" when no module called it."""
 
-    def __init__(self, root: nn.Module | None) -> None:
-        self.root = root
-        self.stack: list[tuple[nn.Module, str]] = []
-        self._handles: list[Any] = []
+    def __init__(self, root: nn.Module | None, stop: types.FrameType | None) -> None:
+        # By id: a reference to the caller's frame would be a cycle through its
+        # locals. The frame outlives every question asked of this scope.
+        self.stop = id(stop)
+        self._paths: dict[int, str] = {}
+        if root is not None:
+            self._paths = {id(m): name for name, m in root.named_modules()}
 
     @staticmethod
     def root_of(fn: Callable) -> nn.Module | None:
@@ -242,35 +251,33 @@ class ModuleScope:
         return owner if isinstance(owner, nn.Module) else None
 
     def current(self) -> str:
-        return self.stack[-1][1] if self.stack else ""
+        path = ""
+        parent = None
+        for module in reversed(self._running_modules()):
+            path = self._path_of(module, parent, path)
+            parent = module
+        return path
 
-    def __enter__(self) -> ModuleScope:
-        from torch.nn.modules.module import (register_module_forward_hook,
-                                             register_module_forward_pre_hook)
+    def _running_modules(self) -> list[nn.Module]:
+        """Modules being called now, innermost first: every module call runs
+        a frame of ``nn.Module._call_impl``."""
+        modules: list[nn.Module] = []
+        frame = sys._getframe(2)
+        while frame is not None and id(frame) != self.stop:
+            if frame.f_code is _CALL_IMPL:
+                modules.append(frame.f_locals["self"])
+            frame = frame.f_back
+        return modules
 
-        self._handles = [register_module_forward_pre_hook(self._enter_module),
-                         register_module_forward_hook(self._leave_module, always_call=True)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self.stack.clear()
-
-    def _enter_module(self, module: nn.Module, args) -> None:
-        self.stack.append((module, self._path_of(module)))
-
-    def _leave_module(self, module: nn.Module, args, output) -> None:
-        if self.stack and self.stack[-1][0] is module:
-            self.stack.pop()
-
-    def _path_of(self, module: nn.Module) -> str:
-        if module is self.root:
-            return ""
-        parent, parent_path = self.stack[-1] if self.stack else (self.root, "")
+    def _path_of(self, module: nn.Module, parent: nn.Module | None, parent_path: str) -> str:
+        path = self._paths.get(id(module))
+        if path is not None:
+            return path
+        path = parent_path
         if parent is not None:
-            for name, child in parent._modules.items():
-                if child is module:
-                    return f"{parent_path}.{name}" if parent_path else name
-        return parent_path
+            for name, sub in parent.named_modules():
+                if sub is module:
+                    path = ".".join(p for p in (parent_path, name) if p)
+                    break
+        self._paths[id(module)] = path
+        return path
