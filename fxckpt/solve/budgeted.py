@@ -131,7 +131,8 @@ def _mask(problem: Problem, names) -> np.ndarray:
 
 
 def _budget_error(floor: Candidate, budget, runtime_optimal_peak) -> BudgetError:
-    what = dominated_by(floor.rewritten, floor.timeline)
+    what = dominated_by(floor.rewritten, floor.timeline) if floor.rewritten is not None \
+        else "values the memory model could not break down"
     return BudgetError(
         f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
         f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "

@@ -21,6 +21,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from .problem import Problem
 
 
+_OBJECTIVE_SCALE = 1e6
+
+
 class Infeasible(ValueError):
     """No plan meets the budget under the memory model."""
 
@@ -50,7 +53,10 @@ def _objective_and_bounds(problem: Problem):
     c_save = eps * problem.size + penalty * problem.prefer_recompute
     c_recompute = cost + penalty * problem.prefer_save
     upper = np.concatenate([problem.can_save, problem.can_recompute]).astype(float)
-    return np.concatenate([c_save, c_recompute]), Bounds(np.zeros(2 * n), upper)
+    # Costs are seconds (1e-6 and less): scale so HiGHS's absolute gap
+    # tolerance cannot end the search early.
+    scale = _OBJECTIVE_SCALE / max(float(cost.sum()), 1e-30)
+    return np.concatenate([c_save, c_recompute]) * scale, Bounds(np.zeros(2 * n), upper)
 
 
 def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:
