@@ -1,13 +1,16 @@
 """fxckpt: automatic, budgeted, correct activation checkpointing for PyTorch."""
 
+from . import policies
 from .backend import backend
+from .eager import checkpoint
 from .errors import BudgetError, FxckptError, PlanError, PolicyError
 from .explain import explain
+from .naming import name
 from .options import parse_budget
 from .transform import transform
 from .types import Plan
 
 __all__ = [
-    "backend", "transform", "explain", "Plan", "parse_budget",
-    "BudgetError", "FxckptError", "PlanError", "PolicyError",
+    "backend", "transform", "checkpoint", "explain", "Plan", "parse_budget",
+    "BudgetError", "FxckptError", "PlanError", "PolicyError", "policies", "name",
 ]

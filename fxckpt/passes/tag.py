@@ -10,52 +10,108 @@ Precedence, strongest first:
 
 A MUST_RECOMPUTE that cannot be honoured raises, naming the node and its source
 line; a PREFER_RECOMPUTE that cannot is turned into MUST_SAVE with the reason.
+A *_CPU_OFFLOAD answer is followed as the matching *_SAVE, with the answer kept
+in the reason, until the rewrite can move values to CPU memory.
+
+The policy is asked once per forward op in forward order (``ask_policy``), with
+the names ``fxckpt.name`` left on the node that produced a value.
 """
 
 from __future__ import annotations
 
+import operator
+import warnings
+
+import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..errors import PolicyError
-from ..policy_api import OpCall, PolicyFactory
+from ..policy_api import OpCall, PolicyFactory, finish
 from ..types import NodeProfile, Profile, Tag
 
-_RECOMPUTE = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+P = CheckpointPolicy
+_RECOMPUTE = (P.MUST_RECOMPUTE, P.PREFER_RECOMPUTE)
+# Until the rewrite moves values to CPU memory, an offloaded value is saved.
+_OFFLOAD_AS_SAVE = {P.MUST_CPU_OFFLOAD: P.MUST_SAVE, P.PREFER_CPU_OFFLOAD: P.PREFER_SAVE}
+_offload_warned = False
 
 
 def tag_forward_values(joint: fx.GraphModule, profile: Profile, *,
                        policy: PolicyFactory | None = None) -> dict[str, Tag]:
     """Tag every forward value of ``joint``. Does not modify the graph."""
-    decide = policy.for_graph() if policy is not None else None
     nodes = {n.name: n for n in joint.graph.nodes}
+    answers = ask_policy(policy, nodes, profile) if policy is not None else {}
+    asker = f"policy {policy!r}"
     tags: dict[str, Tag] = {}
     for info in profile.forward_nodes():
-        node = nodes[info.name]
-        region = node.meta.get("recompute")
+        region = nodes[info.name].meta.get("recompute")
         region = region if isinstance(region, CheckpointPolicy) else None
-        answer = None
-        if decide is not None and node.op == "call_function":
-            answer = decide(op_call(node, info))
-        tags[info.name] = _tag_one(info, region, answer)
+        tags[info.name] = _tag_one(info, region, answers.get(info.name), asker)
     return tags
+
+
+def ask_policy(policy: PolicyFactory, nodes: dict[str, fx.Node],
+               profile: Profile) -> dict[str, CheckpointPolicy | None]:
+    """The policy's answer for every forward op, in forward order, with the
+    decider's revisions applied. Ops are what torch's selective checkpointing
+    would show it (OpOverloads and higher-order ops); an element of a
+    multi-output op takes the op's answer."""
+    decide = policy.for_graph()
+    answers: dict[str, CheckpointPolicy | None] = {}
+    elements = []
+    for info in profile.forward_nodes():
+        node = nodes[info.name]
+        if _element_of(node) is not None:
+            elements.append(node)
+        elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            answers[node.name] = decide(op_call(node, info))
+    answers.update(finish(decide))
+    for name, answer in answers.items():
+        if answer is not None and not isinstance(answer, CheckpointPolicy):
+            raise PolicyError(f"policy {policy!r} answered {answer!r} for {name} "
+                              f"({nodes[name].target}); a policy answers a "
+                              "torch.utils.checkpoint.CheckpointPolicy or None")
+    for node in elements:
+        answers[node.name] = answers.get(_element_of(node).name)
+    return answers
 
 
 def op_call(node: fx.Node, info: NodeProfile) -> OpCall:
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     return OpCall(name=node.name, op=node.target, args=tuple(args), kwargs=dict(kwargs),
                   module_path=info.module_path, source=info.source,
-                  value_names=tuple(node.meta.get("fxckpt_names", ())),
-                  profile=info)
+                  value_names=_value_names(node), profile=info,
+                  output=node.meta.get("val"),
+                  inputs=tuple((_element_of(i) or i).name for i in node.all_input_nodes))
+
+
+def _element_of(node: fx.Node) -> fx.Node | None:
+    """The multi-output op ``node`` takes an element of, if it does."""
+    if node.op == "call_function" and node.target is operator.getitem \
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "call_function":
+        return node.args[0]
+    return None
+
+
+def _value_names(node: fx.Node) -> tuple[str, ...]:
+    """Names ``fxckpt.name`` gave the op's value, or any element of it."""
+    names = list(node.meta.get("fxckpt_names", ()))
+    for user in node.users:
+        if _element_of(user) is node:
+            names += user.meta.get("fxckpt_names", ())
+    return tuple(dict.fromkeys(names))
 
 
 def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
-             answer: CheckpointPolicy | None) -> Tag:
+             answer: CheckpointPolicy | None, asker: str = "policy") -> Tag:
     wanted: Tag | None = None
     if region is not None:
         wanted = Tag(region, "torch.utils.checkpoint region in the model", "region")
     elif answer is not None:
-        wanted = Tag(answer, "policy", "policy")
+        wanted = Tag(answer, asker, "policy")
+    if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE:
+        wanted = _offload_as_save(wanted)
     if not node.recomputable:
         if wanted is not None and wanted.policy == CheckpointPolicy.MUST_RECOMPUTE:
             raise PolicyError(
@@ -71,6 +127,17 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
     if wanted is not None:
         return wanted
     return _default(node)
+
+
+def _offload_as_save(wanted: Tag) -> Tag:
+    global _offload_warned
+    if not _offload_warned and not torch.cuda.is_available():
+        _offload_warned = True
+        warnings.warn("CPU offload asked on a CPU-only run: offloaded values are saved "
+                      "where they are (offload degrades to save on CPU)", stacklevel=3)
+    return Tag(_OFFLOAD_AS_SAVE[wanted.policy],
+               f"{wanted.reason}: {wanted.policy.name}; offload degrades to save on CPU",
+               wanted.origin)
 
 
 def _default(node: NodeProfile) -> Tag:
