@@ -84,7 +84,9 @@ class _Walk:
                 self.producer[ref] = f"{phase}:{node.name}"
 
     def run(self, graph: fx.Graph, phase: str, *, keep: set) -> None:
-        last_use = _last_uses(graph)
+        frees: dict[int, list[StorageWeakRef]] = {}
+        for ref, last in _last_uses(graph).items():
+            frees.setdefault(last, []).append(ref)
         for index, node in enumerate(graph.nodes):
             if node.op == "output":
                 break
@@ -95,7 +97,7 @@ class _Walk:
             if self.stop_at == f"{phase}:{node.name}":
                 self.stopped = True
                 return
-            for ref in [r for r, last in last_use.items() if last == index]:
+            for ref in frees.get(index, ()):
                 if ref not in keep:
                     self.live.pop(ref, None)
             self.points.append((phase, node.name, sum(self.live.values())))

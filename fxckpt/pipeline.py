@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch.fx as fx
@@ -18,6 +19,9 @@ from .passes.rewrite import rewrite
 from .passes.tag import tag_forward_values
 from .passes.verify import verify_decision, verify_rewrite
 from .solve import solve
+from .solve.budgeted import pareto_frontier
+from .solve.mincut import runtime_optimal
+from .solve.problem import build_problem
 from .solve.common import run_in_forward
 from .types import Decision, Plan, PlanEntry, Profile, Tag
 
@@ -45,7 +49,19 @@ class Planner:
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
         start = time.perf_counter()
-        static = set(static_lifetime_input_indices or ()) | set(range(self.num_lifted_params))
+        profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
+                                                static_lifetime_input_indices)
+        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
+        plan = self._finish(profile, tags, decision, rewritten, timeline, start=start)
+        self.plans.append(plan)
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        return rewritten.forward, rewritten.backward
+
+    def _analyse(self, joint: fx.GraphModule, num_fwd_outputs: int, static_indices):
+        """Profile and tag the joint graph; return them with the function
+        that rewrites it by a Decision and simulates the result."""
+        static = set(static_indices or ()) | set(range(self.num_lifted_params))
         profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
                                       static_input_indices=static)
         tags = tag_forward_values(joint, profile, policy=self.node_policy)
@@ -54,16 +70,65 @@ class Planner:
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
             return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph)
 
-        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
+        return profile, tags, evaluate
+
+    def _finish(self, profile, tags, decision, rewritten, timeline, *, start: float,
+                graph_id: int | None = None) -> Plan:
         verify_decision(profile, tags, decision)
         verify_rewrite(profile, rewritten)
-        plan = make_plan(profile, tags, decision, rewritten, timeline,
+        return make_plan(profile, tags, decision, rewritten, timeline,
                          budget_bytes=decision.budget_bytes,
-                         graph_id=next(_graph_ids),
+                         graph_id=next(_graph_ids) if graph_id is None else graph_id,
                          seconds=time.perf_counter() - start)
-        self.plans.append(plan)
-        if self.on_plan is not None:
-            self.on_plan(plan)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Every plan a budget can select for one graph (see fxckpt.pareto).
+
+    ``plans`` are the frontier of solve/budgeted.py, lowest peak first, each
+    recomputing strictly less than the one before; ``runtime_optimal`` is the
+    plan without a budget."""
+
+    runtime_optimal: Plan
+    plans: tuple[Plan, ...]
+    seconds: float            # profile, tag, and the whole frontier, wall time
+
+    def select(self, budget_bytes: int) -> Plan | None:
+        """The plan the backend picks at ``budget_bytes``, as
+        solve_budgeted does: the cheapest frontier plan that fits (None if
+        none does). Along the frontier, cheaper means a higher peak, so that
+        is the last plan that fits."""
+        fitting = [plan for plan in self.plans if plan.peak_bytes <= budget_bytes]
+        return fitting[-1] if fitting else None
+
+
+class FrontierPlanner(Planner):
+    """A partition function that plans the whole budget frontier of each
+    graph, once, and partitions by the runtime-optimal plan. ``frontiers``
+    gets one Frontier per graph."""
+
+    def __init__(self, options: Options, **kwargs) -> None:
+        super().__init__(options, **kwargs)
+        self.frontiers: list[Frontier] = []
+
+    def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
+                 static_lifetime_input_indices=None, **_ignored):
+        start = time.perf_counter()
+        profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
+                                                static_lifetime_input_indices)
+        problem = build_problem(profile, tags)
+        optimal = runtime_optimal(problem)
+        rewritten, timeline = evaluate(optimal)
+        graph_id = next(_graph_ids)
+        optimal_plan = self._finish(profile, tags, optimal, rewritten, timeline,
+                                    start=start, graph_id=graph_id)
+        candidates = pareto_frontier(problem, evaluate, self.options.solver,
+                                     (optimal, rewritten, timeline))
+        plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
+                                   start=start, graph_id=graph_id) for c in candidates)
+        self.frontiers.append(Frontier(optimal_plan, plans, time.perf_counter() - start))
+        self.plans.append(optimal_plan)
         return rewritten.forward, rewritten.backward
 
 

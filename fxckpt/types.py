@@ -40,6 +40,7 @@ class NodeProfile:
     is_pointwise: bool = False
     is_random: bool = False
     replay_bytes: int = 0        # generator state saved if this random op is recomputed
+    workspace: int = 0           # scratch bytes the op holds while it runs
     is_compute_intensive: bool = False
     # Why this value cannot be recomputed ("" when it can).
     not_recomputable: str = ""
@@ -162,3 +163,26 @@ class Plan:
                     f"{format_bytes(e.bytes):>11} {e.cost * 1e3:>8.4f}  {e.tag[:18]:<18} {e.reason}"
                     + (f"  [{e.source}]" if e.source else ""))
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from .render import plan_html
+
+        return plan_html(self)
+
+    def plot_memory(self, ax=None):
+        """Live bytes over the planned forward and backward schedule, with the
+        budget and the peak marked: a matplotlib Figure (see fxckpt.render)."""
+        from .render import plot_memory
+
+        return plot_memory(self, ax=ax)
+
+    def to_dot(self, path: str | None = None, *, planned_only: bool = False) -> str:
+        """Graphviz DOT source of the planned schedule, saved / recomputed /
+        deferred / offloaded values coloured. With ``path``, also rendered
+        there (SVG) when the graphviz package is installed."""
+        from .render import render_dot, to_dot
+
+        dot = to_dot(self, planned_only=planned_only)
+        if path is not None:
+            render_dot(dot, path)
+        return dot

@@ -22,6 +22,7 @@ from torch.utils.flop_counter import flop_registry
 from ..types import BACKWARD, FORWARD, NodeProfile, Profile
 from . import ops as op_kinds
 from .rng import rng_state_bytes
+from ..memory import workspace_bytes
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             is_random=op_kinds.is_random(node),
             replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
             if op_kinds.is_random(node) else 0,
+            workspace=workspace_bytes(node),
             is_compute_intensive=op_kinds.is_compute_intensive(node),
             not_recomputable=not_recomputable,
             source=op_kinds.source_line(node),

@@ -98,9 +98,8 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
         if node.op == "output" or profile.nodes.get(node.name, None) is None:
             continue
         if profile.nodes[node.name].phase == BACKWARD:
-            for original, clone in clone_of.items():
-                if original in node.all_input_nodes:
-                    node.replace_input_with(original, clone)
+            for original in [i for i in node.all_input_nodes if i in clone_of]:
+                node.replace_input_with(original, clone_of[original])
     _point_backward_outputs_at_clones(graph, num_fwd_outputs, clone_of)
     clone_names = {orig.name: c.name for orig, c in clone_of.items()}
     return clone_names, states

@@ -35,6 +35,9 @@ ILP_MAX_VALUES = 400
 # Targets step down geometrically from the runtime-optimal peak.
 _TARGET_RATIO = 0.96
 _MAX_TARGETS = 16
+# Each target's plan is rewritten and simulated exactly, which costs time in
+# proportion to the graph: large graphs get fewer targets.
+_TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
 
 
@@ -80,7 +83,7 @@ def pareto_frontier(problem: Problem, evaluate, solver: str, runtime_optimal
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
                                      sqrt_segments(problem))]
     target, lowest, stalls = float(found[0].peak), min(c.peak for c in found), 0
-    for _ in range(_MAX_TARGETS):
+    for _ in range(max(4, min(_MAX_TARGETS, _TARGET_WORK // max(problem.n, 1)))):
         target *= _TARGET_RATIO
         started = time.perf_counter()
         try:

@@ -221,6 +221,7 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
         last_bwd[o] = max(last_bwd[o], last_bwd[i])
     last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
     base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
+    base_fwd += np.array([profile.nodes[name].workspace for name in names], dtype=float)
     base_bwd = _backward_base(profile, backward, bwd_pos)
     held = sum(size[i] for i in outputs)
     stages = _pick_stages(base_fwd, base_bwd + held)
@@ -286,7 +287,8 @@ def _backward_base(profile: Profile, backward, bwd_pos) -> np.ndarray:
         last_read[profile.nodes[name].storage] = end
     intervals = [(k, last_read.get(node.name, end), float(node.bytes))
                  for k, node in enumerate(backward) if node.storage == node.name]
-    return _live_curve(end, intervals)
+    scratch = np.array([float(node.workspace) for node in backward])
+    return _live_curve(end, intervals) + scratch
 
 
 def _live_curve(length: int, intervals) -> np.ndarray:

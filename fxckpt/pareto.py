@@ -1,0 +1,144 @@
+"""fxckpt.pareto: what each memory budget costs, from one capture.
+
+The budget only selects among a fixed set of plans: solve/budgeted.py builds
+the graph's peak / recompute-cost frontier without looking at the budget,
+then takes the cheapest frontier plan that fits. So a sweep captures the
+joint graph once, plans the frontier once (pipeline.FrontierPlanner), and
+reads every budget off it: twenty budgets cost one compile, not twenty, and
+each row is the plan ``fxckpt.backend(budget=...)`` would choose.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+import torch
+
+from .backend import _node_policy
+from .capture import compile_planned
+from .errors import FxckptError
+from .options import Options, format_bytes, parse_budget
+from .pipeline import Frontier, FrontierPlanner
+from .types import Plan
+
+
+@dataclass(frozen=True)
+class ParetoRow:
+    """One budget and the plan it gets; ``plan`` is None (and the numbers
+    are None) when the budget is below the floor."""
+
+    budget_bytes: int | None          # None: no budget (the runtime-optimal plan)
+    predicted_peak_bytes: int | None
+    recompute_cost: float | None      # estimated seconds of extra work
+    recompute_flops: int | None
+    saved_bytes: int | None
+    solver: str
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+
+@dataclass(frozen=True)
+class ParetoSweep:
+    """Rows of a budget sweep over one graph, and its frontier.
+
+    ``frontier`` holds every plan a budget can select, lowest peak first;
+    ``floor_bytes`` is the smallest budget any plan meets (the one
+    ``BudgetError`` names); ``seconds`` is capture and planning, wall time."""
+
+    rows: tuple[ParetoRow, ...]
+    frontier: tuple[Plan, ...]
+    runtime_optimal: Plan
+    floor_bytes: int
+    seconds: float
+
+    def plot(self, ax=None, *, label: str = "fxckpt frontier"):
+        """Predicted peak against recompute cost: the frontier as a step
+        line, the swept budgets as markers. Returns the matplotlib Figure."""
+        from .render import plot_pareto
+
+        return plot_pareto(self, ax=ax, label=label)
+
+    def __str__(self) -> str:
+        from .render import sweep_text
+
+        return sweep_text(self)
+
+    def _repr_html_(self) -> str:
+        from .render import sweep_html
+
+        return sweep_html(self)
+
+
+def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
+           solver: str = "auto") -> ParetoSweep:
+    """Sweep memory budgets for ``model`` on ``example_inputs``.
+
+    ``budgets``: any budget forms (bytes, "512MiB", a fraction of the
+    runtime-optimal peak); None sweeps the frontier itself, one row per
+    plan a budget can select, plus the row without a budget. Nothing is
+    trained: like ``fxckpt.explain``, a copy of the model runs one forward,
+    with the caller's RNG left untouched. Rows come back in the order of
+    ``budgets``; a budget below the floor gives a row without a plan.
+    """
+    if solver not in ("auto", "ilp", "fast"):
+        raise ValueError(f"pareto sweeps the budgeted solvers ('auto', 'ilp', 'fast'); "
+                         f"solver={solver!r} plans without a budget")
+    start = time.perf_counter()
+    frontier = capture_frontier(model, *example_inputs, policy=policy, solver=solver)
+    optimal = frontier.runtime_optimal
+    if budgets is None:
+        resolved: list[int | None] = [None] + [plan.peak_bytes for plan in frontier.plans]
+    else:
+        resolved = [_resolve(b, optimal.peak_bytes) for b in budgets]
+    rows = tuple(_row(frontier, budget) for budget in resolved)
+    return ParetoSweep(rows=rows, frontier=frontier.plans, runtime_optimal=optimal,
+                       floor_bytes=frontier.plans[0].peak_bytes,
+                       seconds=time.perf_counter() - start)
+
+
+def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto") -> Frontier:
+    """Capture ``model``'s one joint graph and plan its whole frontier."""
+    options = Options.create(policy=policy, compiler="eager", solver=solver)
+    planner = FrontierPlanner(options, node_policy=_node_policy(options.policy))
+    target = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    devices = sorted({t.device for t in example_inputs
+                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"}, key=str)
+    torch._dynamo.reset()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.compile(target, backend=lambda gm, inputs: compile_planned(
+                gm, inputs, planner))(*example_inputs)
+    finally:
+        torch._dynamo.reset()
+    if len(planner.frontiers) != 1:
+        raise FxckptError(
+            f"fxckpt.pareto sweeps one graph, and this model gave "
+            f"{len(planner.frontiers)} graphs with a backward (graph breaks, or "
+            "nothing requiring grad); sweep a graph-break-free part of the model, "
+            "or call fxckpt.explain(model, *inputs, budget=...) per budget")
+    return planner.frontiers[0]
+
+
+def _resolve(budget, runtime_optimal_peak: int) -> int | None:
+    parsed = parse_budget(budget)
+    return None if parsed is None else parsed.resolve(runtime_optimal_peak)
+
+
+def _row(frontier: Frontier, budget: int | None) -> ParetoRow:
+    if budget is None:
+        plan = frontier.runtime_optimal
+    else:
+        plan = frontier.select(budget)
+        if plan is None:
+            return ParetoRow(budget, None, None, None, None,
+                             f"none: below the floor of "
+                             f"{format_bytes(frontier.plans[0].peak_bytes)}")
+        plan = replace(plan, budget_bytes=budget)
+    return ParetoRow(budget, plan.peak_bytes, plan.recompute_cost, plan.recompute_flops,
+                     plan.saved_bytes, plan.solver, plan)
