@@ -91,9 +91,10 @@ def add_demo(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=5,
                         help="training steps per run; the first compiles and "
                              "is not timed (default: 5)")
-    parser.add_argument("--budget", type=float, default=0.6,
-                        help="budget of run (c), as a fraction of the peak "
-                             "of the runtime-optimal plan (default: 0.6)")
+    parser.add_argument("--budget", default=None,
+                        help="budget of run (c): bytes, a size such as 12MiB, or a "
+                             "fraction of the runtime-optimal plan's peak "
+                             "(default: the smallest budget fxckpt can meet)")
     parser.add_argument("--show-plans", action="store_true",
                         help="print fxckpt's plan for each compiled graph")
     parser.set_defaults(run=run_demo)
@@ -110,9 +111,10 @@ def run_demo(args: argparse.Namespace) -> int:
     model, inputs, _ = make_model("gpt", size="small")
     print(f"fxckpt demo: {_describe(model, inputs)}; {args.steps} steps "
           f"each on the CPU, 1 thread\n", flush=True)
+    budget, budget_label = _demo_budget(args.budget, model, inputs, core)
     runs = [("(a) no checkpointing", None),  # None: aot_eager, no fxckpt
             ("(b) fxckpt default", {}),
-            (f"(c) fxckpt budget {args.budget:g}", {"budget": args.budget})]
+            (f"(c) fxckpt {budget_label}", {"budget": budget})]
     width = max(len(label) for label, _ in runs)
     print(_header(width), flush=True)
     threads = torch.get_num_threads()
@@ -135,6 +137,25 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"fxckpt demo: {missing}", file=sys.stderr)
         return 1
     return 0
+
+
+def _demo_budget(text: str | None, model, inputs, core) -> tuple[Any, str]:
+    """Run (c)'s budget and its label: the one asked for, or fxckpt's floor,
+    found by asking for a budget no plan can meet."""
+    if text is not None:
+        value: Any = float(text) if text.replace(".", "", 1).isdigit() and "." in text \
+            else (int(text) if text.isdigit() else text)
+        return value, f"budget {text}"
+    if core is None:
+        return None, "at its floor"
+    import fxckpt
+
+    try:
+        fxckpt.explain(model, *inputs, budget=1)
+    except fxckpt.BudgetError as refused:
+        floor = refused.floor_bytes
+        return floor, f"floor {floor / 2**20:.2f} MiB"
+    return None, "at its floor"
 
 
 def _run(label: str, options: dict | None, core, steps: int) -> DemoRow:
