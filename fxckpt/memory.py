@@ -60,7 +60,7 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str
 def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = None):
     not_counted = {ref for node in forward.find_nodes(op="placeholder")
                    for ref, _ in _storages(node)}
-    state = _Walk({}, not_counted, stop_at)
+    state = _Walk({}, not_counted, stop_at, device=_compute_device(forward))
     state.run(forward, "forward", keep=_output_storages(forward))
     if backward is not None and not state.stopped:
         for node in backward.find_nodes(op="placeholder"):
@@ -70,7 +70,8 @@ def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = No
 
 
 class _Walk:
-    def __init__(self, live, not_counted, stop_at=None):
+    def __init__(self, live, not_counted, stop_at=None, device="cpu"):
+        self.device = device    # host copies of a device graph are not device memory
         self.live = live
         self.not_counted = not_counted
         self.stop_at, self.stopped = stop_at, False
@@ -78,6 +79,8 @@ class _Walk:
         self.peak, self.peak_at, self.points = 0, "", []
 
     def allocate(self, node: fx.Node, phase: str) -> None:
+        if _device(node) not in (self.device, ""):
+            return
         for ref, nbytes in _storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
@@ -144,6 +147,15 @@ def _nbytes(node) -> int:
     return sum(_concrete(v.numel()) * v.element_size()
                for v in pytree.tree_leaves(node.meta.get("val"))
                if isinstance(v, torch.Tensor))
+
+
+def _compute_device(graph: fx.Graph) -> str:
+    """The accelerator a graph runs on, or "cpu"."""
+    for node in graph.nodes:
+        device = _device(node)
+        if device not in ("", "cpu"):
+            return device
+    return "cpu"
 
 
 def _output_bytes(node: fx.Node) -> int:

@@ -145,8 +145,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     recomputed = tuple(n for n in profile.nodes if n in decision.recomputed and n in in_forward)
     deferred = tuple(n for n in profile.nodes
                      if n in decision.recomputed and n not in in_forward)
-    entries = [_entry(profile, tags, name, "saved") for name in saved
-               if profile.nodes[name].is_tensor]
+    entries = [_entry(profile, tags, name,
+                      "offloaded" if name in decision.offloaded else "saved")
+               for name in saved if profile.nodes[name].is_tensor]
     entries += [_entry(profile, tags, name, "recomputed") for name in recomputed]
     entries += [_entry(profile, tags, name, "deferred") for name in deferred]
     entries += [PlanEntry(name, "saved", "rng state", _nbytes(fw_vals.get(name)), 0.0, 0,
@@ -160,7 +161,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         saved=saved + tuple(rewritten.rng_states),
         recomputed=recomputed,
         deferred=deferred,
-        saved_bytes=profile.storage_bytes(decision.saved) + state_bytes,
+        saved_bytes=profile.storage_bytes(decision.saved - decision.offloaded) + state_bytes,
+        offloaded=tuple(n for n in saved if n in decision.offloaded),
+        offloaded_bytes=profile.storage_bytes(decision.offloaded),
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
         recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
@@ -194,6 +197,7 @@ def _reason(tag: Tag, action: str) -> str:
         return "only backward reads it: computed there, once"
     followed = {
         "saved": (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE),
+        "offloaded": (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD),
         "recomputed": (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE),
     }[action]
     if tag.policy in followed:

@@ -35,6 +35,7 @@ class NodeProfile:
     # neither saved (autograd's version check would fail) nor read by a recompute.
     is_mutated_input: bool = False
     is_tensor: bool = True
+    device: str = ""             # device type of the value ("cpu", "cuda", ...)
     is_symbolic: bool = False    # a SymInt/SymFloat/SymBool (or plain number) value
     is_view: bool = False
     is_pointwise: bool = False
@@ -102,12 +103,14 @@ class Decision:
     gap: float | None = None          # relative optimality gap (0 = proven optimal)
     overrides: tuple[str, ...] = ()   # PREFER_* tags the budget overrode, with reasons
     budget_bytes: int | None = None   # the budget it was solved for, resolved to bytes
+    # Saved values kept in host memory between forward and backward.
+    offloaded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class PlanEntry:
     name: str
-    action: str        # "saved" or "recomputed"
+    action: str        # "saved", "offloaded", "recomputed" or "deferred"
     op: str
     bytes: int
     cost: float
@@ -139,6 +142,8 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     timeline: object = None     # memory.MemoryTimeline of the planned schedule
     plan_seconds: float = 0.0   # profile + tag + solve + rewrite, wall time
+    offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
+    offloaded_bytes: int = 0
 
     def __str__(self) -> str:
         lines = [

@@ -23,6 +23,7 @@ from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
 from ..types import BACKWARD, Decision, Profile
 from . import rng
+from .. import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
 from .graphs import copy_graph_module
 
 RECOMPUTED_SUFFIX = "_recomputed"
@@ -42,8 +43,11 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     work = _copy(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
-    clones, states = _build_recompute(graph, profile, decision, num_fwd_outputs)
-    saved_nodes = [by_name[name] for name in _in_graph_order(graph, decision.saved)]
+    hosts = _offload(graph, by_name, decision.offloaded)
+    clones, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
+                                      hosts={by_name[v]: h for v, h in hosts.items()})
+    saved_nodes = [hosts.get(name, by_name[name])
+                   for name in _in_graph_order(graph, decision.saved)]
     saved_values = [n for n in saved_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     saved_values += states
     saved_sym = [n for n in saved_nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
@@ -66,10 +70,28 @@ def _in_graph_order(graph: fx.Graph, names) -> list[str]:
     return [n.name for n in graph.nodes if n.name in names]
 
 
+def _offload(graph: fx.Graph, by_name: dict[str, fx.Node], offloaded) -> dict[str, fx.Node]:
+    """A copy to host right after each offloaded value is produced; forward
+    saves the copy instead of the value. Returns name -> host copy."""
+    fake_mode = rng.detect_fake_mode(rng._fake_values(graph))
+    hosts = {}
+    for name in offloaded:
+        value = by_name[name]
+        with graph.inserting_after(value):
+            host = graph.create_node("call_function", torch.ops.fxckpt.offload.default, (value,),
+                                     name=f"{name}_offloaded")
+        with fake_mode:
+            host.meta = {"val": torch.empty_like(value.meta["val"], device="cpu")}
+        hosts[name] = host
+    return hosts
+
+
 def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
-                     num_fwd_outputs: int) -> tuple[dict[str, str], list[fx.Node]]:
-    """Clone recomputed values in front of the backward; return clone names and
-    the RNG-state nodes forward must now save."""
+                     num_fwd_outputs: int, *, hosts: dict[fx.Node, fx.Node]
+                     ) -> tuple[dict[str, str], list[fx.Node]]:
+    """Clone recomputed values in front of the backward; return clone names
+    (reloads of offloaded values among them) and the RNG-state nodes forward
+    must now save. Backward reads an offloaded value through its reload."""
     order = [n for n in graph.nodes if n.name in decision.recomputed]
     first_backward = next(
         (n for n in graph.nodes
@@ -77,6 +99,13 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
          and profile.nodes[n.name].phase == BACKWARD),
         graph.output_node())
     clone_of: dict[fx.Node, fx.Node] = {}
+    for value, host in hosts.items():
+        with graph.inserting_before(first_backward):
+            reload = graph.create_node("call_function", torch.ops.fxckpt.reload.default,
+                                       (host, value.meta["val"].device),
+                                       name=f"{value.name}_reloaded")
+        reload.meta = dict(value.meta)
+        clone_of[value] = reload
     states: list[fx.Node] = []
     for node in order:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),

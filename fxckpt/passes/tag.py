@@ -34,6 +34,9 @@ P = CheckpointPolicy
 _RECOMPUTE = (P.MUST_RECOMPUTE, P.PREFER_RECOMPUTE)
 # Until the rewrite moves values to CPU memory, an offloaded value is saved.
 _OFFLOAD_AS_SAVE = {P.MUST_CPU_OFFLOAD: P.MUST_SAVE, P.PREFER_CPU_OFFLOAD: P.PREFER_SAVE}
+# Devices whose values can be offloaded to host memory. On the host itself
+# offload means nothing: it degrades to save.
+OFFLOAD_DEVICES = frozenset({"cuda"})
 _offload_warned = False
 
 
@@ -110,7 +113,8 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
         wanted = Tag(region, "torch.utils.checkpoint region in the model", "region")
     elif answer is not None:
         wanted = Tag(answer, asker, "policy")
-    if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE:
+    if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE \
+            and node.device not in OFFLOAD_DEVICES:
         wanted = _offload_as_save(wanted)
     if not node.recomputable:
         if wanted is not None and wanted.policy == CheckpointPolicy.MUST_RECOMPUTE:
@@ -123,6 +127,9 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
         reason = f"cannot be recomputed: {node.not_recomputable}"
         if wanted is not None and wanted.policy in _RECOMPUTE:
             reason += f" (overrides {wanted.reason}: {wanted.policy.name})"
+        if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE:
+            return Tag(P.MUST_CPU_OFFLOAD, f"{reason}; offloaded as {wanted.reason} asks",
+                       "op")
         return Tag(CheckpointPolicy.MUST_SAVE, reason, "op")
     if wanted is not None:
         return wanted
@@ -131,10 +138,11 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
 
 def _offload_as_save(wanted: Tag) -> Tag:
     global _offload_warned
-    if not _offload_warned and not torch.cuda.is_available():
+    if not _offload_warned:
         _offload_warned = True
-        warnings.warn("CPU offload asked on a CPU-only run: offloaded values are saved "
-                      "where they are (offload degrades to save on CPU)", stacklevel=3)
+        warnings.warn("CPU offload asked for values that already live in host memory: "
+                      "they are saved where they are (offload degrades to save on CPU)",
+                      stacklevel=3)
     return Tag(_OFFLOAD_AS_SAVE[wanted.policy],
                f"{wanted.reason}: {wanted.policy.name}; offload degrades to save on CPU",
                wanted.origin)

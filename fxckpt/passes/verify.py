@@ -23,7 +23,8 @@ def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) 
             problems.append(f"{name} is not a forward value but is marked recomputed")
         elif not node.recomputable:
             problems.append(f"{name} ({node.op}) is recomputed but {node.not_recomputable}")
-        elif tags[name].policy == CheckpointPolicy.MUST_SAVE:
+        elif tags[name].policy in (CheckpointPolicy.MUST_SAVE,
+                                   CheckpointPolicy.MUST_CPU_OFFLOAD):
             problems.append(f"{name} is tagged MUST_SAVE ({tags[name].reason}) but is recomputed")
     for name in decision.saved:
         if profile.nodes[name].is_mutated_input:

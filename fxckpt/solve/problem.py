@@ -34,6 +34,10 @@ from ..types import BACKWARD, Decision, Profile, Tag
 from .common import run_in_forward
 
 MAX_STAGES = 64
+_P = CheckpointPolicy
+_MUST_KEEP = (_P.MUST_SAVE, _P.MUST_CPU_OFFLOAD)
+_PREFER_KEEP = (_P.PREFER_SAVE, _P.PREFER_CPU_OFFLOAD)
+_OFFLOAD = (_P.MUST_CPU_OFFLOAD, _P.PREFER_CPU_OFFLOAD)
 # The first numbered component of a module path names a repeated block:
 # "blocks.3.attn" -> "blocks.3", "model.layers.0.mlp" -> "model.layers.0".
 _BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
@@ -54,6 +58,7 @@ class Problem:
     hint_save: np.ndarray             # any PREFER_SAVE (matmuls by default)
     hint_recompute: np.ndarray        # any PREFER_RECOMPUTE (views, pointwise by default)
     block: np.ndarray                 # index of the repeated block (layer) a value is in; -1 none
+    offload: np.ndarray               # saved, it is kept in host memory (*_CPU_OFFLOAD)
     stage_saved: np.ndarray           # (stages, n): 1 where saving i adds size_i
     stage_recomputed: np.ndarray      # (stages, n): 1 where recomputing i adds size_i
     stage_base: np.ndarray            # (stages,)
@@ -140,6 +145,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
     prefer_recompute = np.zeros(n, dtype=bool)
     hint_save = np.zeros(n, dtype=bool)
     hint_recompute = np.zeros(n, dtype=bool)
+    offload = np.zeros(n, dtype=bool)
     blocks: dict[str, int] = {}
     block = np.full(n, -1)
     for i, node in enumerate(forward):
@@ -155,11 +161,12 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
         can_save[i] = ((node.is_tensor or node.is_symbolic) and not node.is_mutated_input
                        and policy != CheckpointPolicy.MUST_RECOMPUTE)
         can_recompute[i] = (node.recomputable and not node.is_input
-                            and policy != CheckpointPolicy.MUST_SAVE)
-        hint_save[i] = policy == CheckpointPolicy.PREFER_SAVE
+                            and policy not in _MUST_KEEP)
+        offload[i] = policy in _OFFLOAD
+        hint_save[i] = policy in _PREFER_KEEP
         hint_recompute[i] = policy == CheckpointPolicy.PREFER_RECOMPUTE
         if origin != "default":
-            prefer_save[i] = hint_save[i]
+            prefer_save[i] = policy in _PREFER_KEEP
             prefer_recompute[i] = hint_recompute[i]
     needed = np.array([name in profile.needed_by_backward for name in names])
     stages = _stage_model(profile, names, index, size)
@@ -170,7 +177,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
     return Problem(names=names, parents=parents, size=size, cost=cost, replay=replay,
                    needed=needed, can_save=can_save, can_recompute=can_recompute,
                    prefer_save=prefer_save, prefer_recompute=prefer_recompute,
-                   hint_save=hint_save, hint_recompute=hint_recompute, block=block, **stages)
+                   hint_save=hint_save, hint_recompute=hint_recompute, block=block,
+                   offload=offload, **stages)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, *,
@@ -185,7 +193,8 @@ def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, *,
         saved=frozenset(problem.names[i] for i in np.flatnonzero(saved)),
         recomputed=frozenset(problem.names[i] for i in np.flatnonzero(recomputed)),
         solver=solver, solve_seconds=seconds, gap=gap, overrides=overrides,
-        budget_bytes=budget_bytes)
+        budget_bytes=budget_bytes,
+        offloaded=frozenset(problem.names[i] for i in np.flatnonzero(saved & problem.offload)))
 
 
 def _stage_model(profile: Profile, names, index, size) -> dict:
