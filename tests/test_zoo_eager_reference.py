@@ -9,7 +9,6 @@ bit for bit (the baseline fxckpt has to reach), and that the harness and
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -69,10 +68,6 @@ def test_case_builds_and_steps(name):
     n_all = len(list(module.named_parameters(remove_duplicate=False)))
     assert (n_all > n_unique) == case.tied_weights
 
-    # Fast enough: a warm forward + backward well under 0.5 s.
-    t0 = time.perf_counter()
-    run_step(module, inputs, loss_fn)
-    assert time.perf_counter() - t0 < 0.5
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)
