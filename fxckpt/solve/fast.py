@@ -1,32 +1,104 @@
-"""The fast strategy: Lagrangian min-cuts, then a greedy fill.
+"""The fast strategy: LP rounding and Lagrangian min-cuts, then a greedy fill.
 
-For a price per byte ``lam``, the minimum cut with saving weight lam * size
-and recompute weight cost (+ a penalty on user preferences) is the cheapest
-plan at that price. Bisecting on lam finds the cheapest such plan whose proxy
-peak fits the budget. Cut plans are corners of the cost/memory trade-off, so
-the budget usually leaves room: the greedy fill then saves, one at a time,
-the recomputed value with the most recompute cost per byte that still fits,
-re-deriving what backward must compute after each choice.
+Two sources of candidate plans, the cheapest feasible one wins:
+* the ILP's linear relaxation (HiGHS solves it in a fraction of a second even
+  on 10,000-node graphs), rounded at several thresholds: values saved above
+  the threshold are saved, backward recomputes what it then needs, and
+  values it cannot recompute are saved too;
+* for a price per byte ``lam``, the minimum cut with saving weight lam * size
+  and recompute weight cost (+ a penalty on user preferences) is the
+  cheapest plan at that price; bisecting on lam finds the cheapest such plan
+  whose proxy peak fits the budget.
+Rounded and cut plans usually leave room under the budget: the greedy fill
+then saves recomputed values back, best recompute cost removed per byte of
+peak added first. Last, the exact programme runs for at most
+``polish_seconds``: where it finishes, the fast plan is the exact one.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .cut import min_cut
-from .ilp import Infeasible
+from .ilp import Infeasible, relaxed_saved, solve_ilp
 from .problem import Problem, computed_in_backward
 
 _BISECTION_STEPS = 24
 _FILL_CANDIDATES = 64
+_THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 
 
-def solve_fast(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarray]:
+def solve_fast(problem: Problem, budget: float, *, seconds: float = 1.6
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Plan within ``budget`` under the memory proxy in about ``seconds``."""
+    deadline = time.perf_counter() + seconds
+    candidates = _rounded_plans(problem, budget)
+    # A time-boxed run of the exact programme: on graphs it can finish in
+    # time its answer is optimal, on larger ones whatever it has found.
+    polish = min(1.0, _remaining(deadline) - 0.3)
+    if polish > 0.05:
+        try:
+            saved, recomputed, _ = solve_ilp(problem, budget, time_limit=polish)
+            candidates.append((saved, recomputed))
+        except Infeasible:
+            pass
+    try:
+        candidates.append(_cut_plan(problem, budget, deadline))
+    except Infeasible:
+        pass
+    feasible = [c for c in candidates if problem.peak(*c) <= budget]
+    if not feasible:
+        raise Infeasible("no plan fits the budget under the memory model")
+    feasible.sort(key=lambda c: _objective(problem, *c))
+    filled = [_fill(problem, budget, *c, deadline=deadline) for c in feasible[:2]]
+    return min(filled, key=lambda c: (_objective(problem, *c), problem.peak(*c)))
+
+
+def _remaining(deadline: float) -> float:
+    return deadline - time.perf_counter()
+
+
+def _objective(problem: Problem, saved: np.ndarray, recomputed: np.ndarray) -> float:
+    return float(_recompute_weight(problem)[recomputed].sum()
+                 + _save_penalty(problem)[saved].sum())
+
+
+def _rounded_plans(problem: Problem, budget: float) -> list:
+    try:
+        fraction_saved = relaxed_saved(problem, budget)
+    except Infeasible:
+        return []
+    plans = []
+    for threshold in _THRESHOLDS:
+        plan = _closed(problem, fraction_saved >= threshold)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def _closed(problem: Problem, saved: np.ndarray):
+    """``saved`` made runnable: saved where allowed, and values backward would
+    have to recompute but cannot are saved instead."""
+    saved = saved & problem.can_save
+    while True:
+        recomputed = computed_in_backward(problem, saved)
+        stuck = recomputed & ~problem.can_recompute
+        if not stuck.any():
+            return saved & (problem.needed | _read_by(problem, recomputed)), recomputed
+        if (stuck & ~problem.can_save).any():
+            return None
+        saved = saved | stuck
+
+
+def _cut_plan(problem: Problem, budget: float, deadline: float):
+    """The cheapest Lagrangian cut plan whose proxy peak fits the budget."""
     recompute_weight = _recompute_weight(problem)
 
     def plan(lam: float):
-        saved = min_cut(problem, lam * problem.size + 1e-12, recompute_weight
-                        + lam * problem.replay)
+        saved = min_cut(problem, lam * problem.size + 1e-12,
+                        recompute_weight + lam * problem.replay)
         return saved, computed_in_backward(problem, saved)
 
     low, high = 0.0, 1.0
@@ -43,39 +115,56 @@ def solve_fast(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarray]
             high, best = mid, candidate
         else:
             low = mid
-        if low > 0 and high / low < 1.01:
+        if (low > 0 and high / low < 1.01) or _remaining(deadline) < 0.2:
             break
-    return _fill(problem, budget, *best)
+    return best
+
+
+def _penalty(problem: Problem) -> float:
+    return 10.0 * (float(problem.cost.sum()) + 1e-9) + 1.0
 
 
 def _recompute_weight(problem: Problem) -> np.ndarray:
-    penalty = 10.0 * (float(problem.cost.sum()) + 1e-9) + 1.0
-    return problem.cost + penalty * problem.prefer_save + 1e-12
+    return problem.cost + _penalty(problem) * problem.prefer_save + 1e-12
 
 
-def _fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndarray):
-    """Save recomputed values back while the budget allows, dearest first."""
+def _save_penalty(problem: Problem) -> np.ndarray:
+    return _penalty(problem) * problem.prefer_recompute
+
+
+def _fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndarray, *,
+          deadline: float = float("inf")):
+    """Save recomputed values back while the budget allows. Each round scores
+    the most promising candidates by recompute cost removed per byte of peak
+    added, and takes the best that fits."""
     saved, recomputed = saved.copy(), recomputed.copy()
-    tried: set[int] = set()
+    cost = problem.recompute_cost(recomputed)
+    peak = problem.peak(saved, recomputed)
     while True:
-        candidates = [i for i in np.flatnonzero(recomputed & problem.can_save)
-                      if i not in tried and problem.cost[i] > 0]
-        if not candidates:
-            return saved, recomputed
+        candidates = [i for i in np.flatnonzero(recomputed & problem.can_save
+                                                & ~problem.prefer_recompute)
+                      if problem.cost[i] > 0]
         candidates.sort(key=lambda i: -problem.cost[i] / (problem.size[i] + 1.0))
+        best = None
+        if _remaining(deadline) <= 0:
+            return saved, recomputed
         for i in candidates[:_FILL_CANDIDATES]:
-            tried.add(i)
             trial = saved.copy()
             trial[i] = True
             trial_recomputed = computed_in_backward(problem, trial)
             # Inputs of a value no longer recomputed may no longer need saving.
             trial &= problem.needed | _read_by(problem, trial_recomputed)
-            if problem.peak(trial, trial_recomputed) <= budget and \
-                    problem.recompute_cost(trial_recomputed) < problem.recompute_cost(recomputed):
-                saved, recomputed = trial, trial_recomputed
-                break
-        else:
+            trial_peak = problem.peak(trial, trial_recomputed)
+            gain = cost - problem.recompute_cost(trial_recomputed)
+            if trial_peak > budget or gain <= 0:
+                continue
+            score = gain / (max(trial_peak - peak, 0.0) + 1.0)
+            if best is None or score > best[0]:
+                best = (score, trial, trial_recomputed, trial_peak)
+        if best is None:
             return saved, recomputed
+        _, saved, recomputed, peak = best
+        cost = problem.recompute_cost(recomputed)
 
 
 def _read_by(problem: Problem, computed: np.ndarray) -> np.ndarray:

@@ -44,6 +44,16 @@ def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
     return x[:n], x[n:], gap if gap is not None and np.isfinite(gap) else 0.0
 
 
+def relaxed_saved(problem: Problem, budget: float) -> np.ndarray:
+    """The linear relaxation's fraction saved of each value."""
+    c, bounds = _objective_and_bounds(problem)
+    result = milp(c=c, integrality=np.zeros(2 * problem.n), bounds=bounds,
+                  constraints=_constraints(problem, budget))
+    if result.x is None:
+        raise Infeasible(result.message)
+    return result.x[:problem.n]
+
+
 def _objective_and_bounds(problem: Problem):
     n = problem.n
     cost = problem.cost
@@ -55,8 +65,9 @@ def _objective_and_bounds(problem: Problem):
     upper = np.concatenate([problem.can_save, problem.can_recompute]).astype(float)
     # Costs are seconds (1e-6 and less): scale so HiGHS's absolute gap
     # tolerance cannot end the search early.
-    scale = _OBJECTIVE_SCALE / max(float(cost.sum()), 1e-30)
-    return np.concatenate([c_save, c_recompute]) * scale, Bounds(np.zeros(2 * n), upper)
+    c = np.concatenate([c_save, c_recompute])
+    scale = _OBJECTIVE_SCALE / max(float(np.abs(c).max()), 1e-30)
+    return c * scale, Bounds(np.zeros(2 * n), upper)
 
 
 def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:

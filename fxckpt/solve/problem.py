@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import breadth_first_order
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..types import BACKWARD, Decision, Profile, Tag
@@ -69,6 +72,15 @@ class Problem:
     @property
     def n(self) -> int:
         return len(self.names)
+
+    @cached_property
+    def input_edges(self):
+        """value -> input edges as a COO matrix, for graph searches."""
+        rows = np.concatenate([np.full(len(p), i) for i, p in enumerate(self.parents)] or [[]])
+        cols = np.concatenate(list(self.parents) or [[]])
+        return sp.coo_array((np.ones(len(rows), dtype=np.int8),
+                             (rows.astype(np.int64), cols.astype(np.int64))),
+                            shape=(self.n, self.n))
 
     def peak(self, saved: np.ndarray, recomputed: np.ndarray) -> float:
         """The proxy's peak for the plan given by two masks."""
@@ -116,16 +128,22 @@ class Problem:
 
 def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     """Values backward must compute when ``saved`` crosses over: those it
-    reads, and their inputs, back to saved values."""
-    computed = np.zeros(problem.n, dtype=bool)
-    stack = [int(i) for i in np.flatnonzero(problem.needed & ~saved)]
-    while stack:
-        i = stack.pop()
-        if computed[i]:
-            continue
-        computed[i] = True
-        stack.extend(int(j) for j in problem.parents[i] if not saved[j] and not computed[j])
-    return computed
+    reads, and their inputs, back to saved values. A breadth-first search
+    over the value -> input edges, where saved values are not expanded."""
+    n = problem.n
+    start = np.flatnonzero(problem.needed & ~saved)
+    if not len(start):
+        return np.zeros(n, dtype=bool)
+    edges = problem.input_edges
+    keep = ~saved[edges.row]
+    # Node n is a virtual root pointing at every value backward reads.
+    rows = np.concatenate([edges.row[keep], np.full(len(start), n)])
+    cols = np.concatenate([edges.col[keep], start])
+    graph = sp.csr_array((np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(n + 1, n + 1))
+    reached = breadth_first_order(graph, n, return_predecessors=False)
+    computed = np.zeros(n + 1, dtype=bool)
+    computed[reached] = True
+    return computed[:n] & ~saved
 
 
 def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
