@@ -46,6 +46,7 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     hosts = _offload(graph, by_name, decision.offloaded)
     clones, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
                                       hosts={by_name[v]: h for v, h in hosts.items()})
+    _ensure_topological(graph)
     saved_nodes = [hosts.get(name, by_name[name])
                    for name in _in_graph_order(graph, decision.saved)]
     saved_values = [n for n in saved_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
@@ -132,6 +133,25 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
     _point_backward_outputs_at_clones(graph, num_fwd_outputs, clone_of)
     clone_names = {orig.name: c.name for orig, c in clone_of.items()}
     return clone_names, states
+
+
+def _ensure_topological(graph: fx.Graph) -> None:
+    """Move nodes so each comes after its inputs. Clones sit in front of the
+    backward, but may read forward-side values the joint graph placed among
+    backward nodes (say pow(x, 1) for the gradient of x ** 2): those move
+    up. Everything else keeps its order."""
+    placed: set[fx.Node] = set()
+
+    def place(node: fx.Node) -> None:
+        for parent in node.all_input_nodes:
+            if parent not in placed:
+                node.prepend(parent)
+                place(parent)
+        placed.add(node)
+
+    for node in list(graph.nodes):
+        if node not in placed:
+            place(node)
 
 
 def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
