@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -19,11 +19,21 @@ class Backend:
     """A dynamo backend that checkpoints every graph it is given.
 
     ``plans`` holds one Plan per graph compiled with a backward, in order.
+
+    ``reserved_bytes`` (optional) returns the bytes that pieces of the step
+    other than this backend's graphs (eager fallback regions) hold for
+    backward so far; a byte budget is shared with them. ``on_graph``
+    (optional) is called with each graph Dynamo hands over and the plans
+    made for it.
     """
 
-    def __init__(self, options: Options, *, node_policy=None) -> None:
+    def __init__(self, options: Options, *, node_policy=None,
+                 reserved_bytes: Callable[[], int] | None = None,
+                 on_graph: Callable[[fx.GraphModule, list[Plan]], Any] | None = None) -> None:
         self.options = options
         self.node_policy = node_policy
+        self.reserved_bytes = reserved_bytes
+        self.on_graph = on_graph
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0
 
@@ -38,6 +48,8 @@ class Backend:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
+        if self.on_graph is not None:
+            self.on_graph(gm, list(planner.plans))
         return compiled
 
     def _options_for_next_graph(self) -> Options:
@@ -49,17 +61,29 @@ class Backend:
         freed theirs (backward). So the step's peak is the largest, over k, of
         graph k's own peak plus what the earlier graphs saved, and graph k is
         given the budget minus those saved bytes. A fraction budget is read per
-        graph, as a fraction of that graph's runtime-optimal peak."""
+        graph, as a fraction of that graph's runtime-optimal peak.
+
+        Eager fallback regions (``reserved_bytes``) count like earlier graphs:
+        what they hold is measured as they run, before the graphs after them
+        compile."""
         budget = self.options.budget
-        if budget is None or budget.bytes is None or not self.plans:
+        if budget is None or budget.bytes is None:
             return self.options
-        held = sum(plan.saved_bytes for plan in self.plans)
+        held_by_graphs = sum(plan.saved_bytes for plan in self.plans)
+        held_elsewhere = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        held = held_by_graphs + held_elsewhere
+        if held == 0:
+            return self.options
         remaining = budget.bytes - held
         if remaining <= 0:
+            holders = [f"the {format_bytes(held_by_graphs)} that the {len(self.plans)} "
+                       "graph(s) before this one"] if self.plans else []
+            if held_elsewhere:
+                holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback regions")
             raise BudgetError(
-                f"the budget of {format_bytes(budget.bytes)} is used up by the "
-                f"{format_bytes(held)} that the {len(self.plans)} graph(s) before this one "
-                "save for backward; raise the budget", floor_bytes=held + 1)
+                f"the budget of {format_bytes(budget.bytes)} is used up by "
+                f"{' and '.join(holders)} save for backward; raise the budget",
+                floor_bytes=held + 1)
         return replace(self.options, budget=Budget(bytes=remaining))
 
     def __repr__(self) -> str:
