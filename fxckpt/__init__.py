@@ -2,15 +2,18 @@
 
 from . import policies
 from .backend import backend
+from .compile import compile
 from .eager import checkpoint
 from .errors import BudgetError, FxckptError, PlanError, PolicyError
 from .explain import explain
 from .naming import name
 from .options import parse_budget
+from .pareto import pareto
 from .transform import transform
 from .types import Plan
 
 __all__ = [
-    "backend", "transform", "checkpoint", "explain", "Plan", "parse_budget",
+    "backend", "compile", "transform", "checkpoint", "explain", "Plan", "parse_budget",
     "BudgetError", "FxckptError", "PlanError", "PolicyError", "policies", "name",
+    "pareto",
 ]
