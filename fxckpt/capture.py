@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._functorch.aot_autograd import aot_module_simplified, boxed_nop_preserve_node_meta
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import boxed_nop_preserve_node_meta
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from .pipeline import Planner
@@ -17,12 +18,14 @@ from .pipeline import Planner
 
 def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Planner):
     if planner.options.compiler == "eager":
-        return aot_module_simplified(
-            gm, example_inputs,
+        # Dynamo's aot_autograd wrapper rather than aot_module_simplified: DDP's
+        # graph splitter counts its calls to tell that a bucket's graph went
+        # through AOTAutograd; uncounted, the first real call returns fake tensors.
+        return aot_autograd(
             fw_compiler=boxed_nop_preserve_node_meta,
             bw_compiler=boxed_nop_preserve_node_meta,
             partition_fn=planner,
-        )
+        )(gm, example_inputs)
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx
 
