@@ -52,8 +52,8 @@ class ParetoSweep:
     ``BudgetError`` names); ``seconds`` is capture and planning, wall time."""
 
     rows: tuple[ParetoRow, ...]
-    frontier: tuple[Plan, ...]
-    runtime_optimal: Plan
+    frontier: tuple[Plan, ...] = field(repr=False)
+    runtime_optimal: Plan = field(repr=False)
     floor_bytes: int
     seconds: float
 

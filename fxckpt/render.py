@@ -27,7 +27,8 @@ _OTHER_COLOUR = "#eeeeee"
 # --- text and HTML -----------------------------------------------------------
 
 def plan_summary_rows(plan) -> list[tuple[str, str]]:
-    """The head of ``str(plan)`` as (label, value) pairs."""
+    """The head of ``str(plan)`` as (label, value) pairs, with offloaded
+    values when there are any."""
     rows = [
         ("solver", f"{plan.solver}, {plan.solve_seconds * 1e3:.1f} ms"
          + (f", gap {plan.gap:.2%}" if plan.gap is not None else "")),
@@ -38,6 +39,9 @@ def plan_summary_rows(plan) -> list[tuple[str, str]]:
         ("recomputed", f"{len(plan.recomputed)} values, {plan.recompute_flops / 1e6:.2f} "
                        f"MFLOP, ~{plan.recompute_cost * 1e3:.3f} ms"),
     ]
+    if plan.offloaded:
+        rows.insert(3, ("offloaded", f"{format_bytes(plan.offloaded_bytes)} in "
+                                     f"{len(plan.offloaded)} values (host memory)"))
     rows += [("note", note) for note in (*plan.notes, *plan.overrides)]
     return rows
 
@@ -104,6 +108,41 @@ def sweep_html(sweep) -> str:
             + f"</tr></thead><tbody>{rows}</tbody></table></div>")
 
 
+class PlansTable:
+    """Plans side by side (``{label: Plan}``), as text and as HTML."""
+
+    COLUMNS = ("plan", "saved", "saved values", "recomputed", "deferred",
+               "recompute MFLOP", "recompute ms", "predicted peak", "solver")
+
+    def __init__(self, plans) -> None:
+        self.plans = dict(plans)
+
+    def cells(self) -> list[tuple[str, ...]]:
+        return [(label, format_bytes(p.saved_bytes), str(len(p.saved)), str(len(p.recomputed)),
+                 str(len(p.deferred)), f"{p.recompute_flops / 1e6:.2f}",
+                 f"{p.recompute_cost * 1e3:.3f}", format_bytes(p.peak_bytes), p.solver)
+                for label, p in self.plans.items()]
+
+    def __str__(self) -> str:
+        rows = [self.COLUMNS, *self.cells()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.COLUMNS))]
+        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths)))
+                         for row in rows)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        return ("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in self.COLUMNS)
+                + "</tr></thead><tbody>"
+                + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                          for row in self.cells()) + "</tbody></table>")
+
+
+def plans_table(plans) -> PlansTable:
+    """``{label: Plan}`` side by side: saved bytes, recompute, predicted peak."""
+    return PlansTable(plans)
+
+
 # --- figures -----------------------------------------------------------------
 
 def new_axes(ax=None, *, size=(8, 4)):
@@ -117,9 +156,17 @@ def new_axes(ax=None, *, size=(8, 4)):
 
 
 def bytes_axis(axis) -> None:
-    """Label a matplotlib axis (ax.xaxis / ax.yaxis) holding bytes in MiB."""
-    from matplotlib.ticker import FuncFormatter
+    """Tick and label a matplotlib axis (ax.xaxis / ax.yaxis) that holds
+    bytes at round numbers of MiB."""
+    from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator
 
+    class MiBLocator(Locator):
+        def __call__(self):
+            low, high = self.axis.get_view_interval()
+            return MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10]).tick_values(
+                low / 2**20, high / 2**20) * 2**20
+
+    axis.set_major_locator(MiBLocator())
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:g}"))
 
 

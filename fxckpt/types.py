@@ -6,6 +6,8 @@ can be tested with data made by hand and printed without a graph.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -191,3 +193,23 @@ class Plan:
         if path is not None:
             render_dot(dot, path)
         return dot
+
+    # --- comparing plans across processes (ranks) ---------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """A hex digest of what this plan decides: which values are saved,
+        offloaded, recomputed or deferred, each entry's op and bytes, and the
+        predicted saved and peak bytes. Two processes that plan alike get the
+        same digest: it is sha256 over JSON, not Python's ``hash()`` (salted per
+        process for strings), and leaves out timings, the solver's gap and the
+        graph id (a per-process counter)."""
+        decided = {
+            "saved": self.saved, "offloaded": self.offloaded,
+            "recomputed": self.recomputed, "deferred": self.deferred,
+            "entries": [(e.action, e.name, e.op, e.bytes) for e in self.entries],
+            "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
+            "peak_bytes": self.peak_bytes,
+        }
+        text = json.dumps(decided, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
