@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from fxckpt import measure
-from fxckpt.models import GPT, make_model
+from fxckpt.models import GPT, MODEL_NAMES, make_model
 
 MiB = 2 ** 20
 
@@ -267,6 +267,113 @@ def _plan_summary(plans: list[Any]) -> str:
             f"{peak / MiB:.2f} MiB, recompute {flops / 1e6:.1f} MFLOP")
 
 
+# --- bench -------------------------------------------------------------------
+
+def add_bench(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure torch's checkpointing and fxckpt's side by side",
+        description=(
+            "Train the built-in models every way torch offers to save "
+            "activation memory (eager checkpoint per block, selective "
+            "checkpointing, torch.compile's activation_memory_budget) and "
+            "with fxckpt, at torch's measured peaks as budgets and at fxckpt's "
+            "floor; measure peak memory, saved bytes, step time, recompute "
+            "and correctness. Writes bench.json, bench.md and pareto.png. "
+            "--suite solvers times the solvers instead."))
+    parser.add_argument("--suite", choices=("models", "solvers"), default="models",
+                        help="models: the side-by-side table (default); solvers: "
+                             "solve time on a ~10,000-node graph and the fast "
+                             "solver against the ILP")
+    parser.add_argument("--model", action="append", choices=MODEL_NAMES,
+                        help="a built-in model; repeat for several (default: all)")
+    parser.add_argument("--size", choices=("tiny", "small", "medium"), default=None,
+                        help="model size (default: small; tiny with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a CI-sized run: tiny models, 3 timed steps per row, no "
+                             "Inductor rows; with --suite solvers a 12-layer GPT and "
+                             "tiny models")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed steps per row, median reported (default: 15, "
+                             "3 with --quick)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads while measuring (default: 1)")
+    parser.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=None,
+                        help="add Inductor rows, for timing (default: on, off "
+                             "with --quick)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="--suite solvers: layers of the deep GPT (default: 58, "
+                             "about 10,000 joint-graph nodes; 12 with --quick)")
+    parser.add_argument("--out", default="bench-results",
+                        help="directory for the results (default: ./bench-results)")
+    parser.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from fxckpt import bench, bench_report
+
+    command = _bench_command(args)
+    if args.suite == "solvers":
+        return _run_solvers(args, command)
+    overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads}
+    if args.size is not None:
+        overrides["size"] = args.size
+    if args.repeat is not None:
+        overrides["repeat"] = args.repeat
+    if args.inductor is not None:
+        overrides["inductor"] = args.inductor
+    config = (bench.BenchConfig.quick_run(**overrides) if args.quick
+              else bench.BenchConfig(**overrides))
+    result = bench.run_bench(config)
+    paths = bench_report.write(result, args.out, command=command)
+    print(bench_report.markdown(dict(result, command=command)))
+    print("wrote " + ", ".join(paths.values()), file=sys.stderr)
+    return 0
+
+
+def _bench_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, for the report."""
+    words = ["fxckpt", "bench"]
+    if args.suite != "models":
+        words += ["--suite", args.suite]
+    words += [f"--model {m}" for m in args.model or ()]
+    words += ["--quick"] if args.quick else []
+    for flag, value, default in (("--size", args.size, None), ("--repeat", args.repeat, None),
+                                 ("--threads", args.threads, 1), ("--layers", args.layers, None),
+                                 ("--out", args.out, "bench-results")):
+        if value != default:
+            words.append(f"{flag} {value}")
+    if args.inductor is not None:
+        words.append("--inductor" if args.inductor else "--no-inductor")
+    return " ".join(words)
+
+
+def _run_solvers(args: argparse.Namespace, command: str) -> int:
+    import json
+
+    from fxckpt import bench_solvers
+    from fxckpt.bench import Progress, machine
+
+    layers = args.layers or (12 if args.quick else 58)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        result = bench_solvers.run_solvers(
+            n_layer=layers, models=tuple(args.model or MODEL_NAMES),
+            size=args.size or ("tiny" if args.quick else "small"),
+            progress=Progress(sys.stderr))
+    finally:
+        torch.set_num_threads(threads)
+    result.update(command=command, machine=machine(args.threads))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "solvers.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    text = bench_solvers.solvers_markdown(result)
+    with open(os.path.join(args.out, "solvers.md"), "w") as f:
+        f.write(f"`{command}`\n\n{text}")
+    print(text)
+    return 0
+
+
 # --- entry point -------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True,
                                        metavar="COMMAND")
     add_demo(subparsers)
+    add_bench(subparsers)
     return parser
 
 

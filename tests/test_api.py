@@ -240,3 +240,23 @@ def test_must_recompute_on_impossible_value_names_node(tmp_path):
                        source="model.py:3 x.add_(1)")
     with pytest.raises(PolicyError, match=r"add_.*model.py:3"):
         _tag_one(node, None, CheckpointPolicy.MUST_RECOMPUTE)
+
+
+def test_explain_merges_the_plans_of_a_model_split_by_a_graph_break():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            torch._dynamo.graph_break()
+            return self.fc2(h).sin()
+
+    torch.manual_seed(0)
+    model, x = Broken(), torch.randn(8, 16)
+    plan = fxckpt.explain(model, x)
+    assert plan.graph_id == -1 and "2 graphs" in plan.notes[0]
+    assert any(n.startswith("g") and "." in n for n in plan.saved)
+    assert plan.saved_bytes > 0 and plan.peak_bytes >= plan.saved_bytes
+    assert "predicted peak" in str(plan)

@@ -1,0 +1,181 @@
+"""What ``fxckpt bench`` measures of one way of training: the first step's
+loss and gradients, the peak memory, the bytes saved for backward, the work
+done, and the step time.
+
+Work is counted while the step runs: every aten op that executes (in eager,
+in a compiled graph, in a recompute) is priced with fxckpt's cost model --
+FLOPs from torch's flop formulas, bytes read and written -- so a way's
+recompute FLOPs and recompute cost are what it ran beyond a step that
+recomputes nothing, measured the same way for torch's plans and fxckpt's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from . import measure
+from .passes.profile import CostModel
+
+
+@dataclass
+class Measured:
+    """One way's numbers (bytes, seconds, FLOPs); the first step's loss and
+    gradients are kept for comparison and dropped from bench.json."""
+
+    first_step_seconds: float
+    step_seconds: float              # median wall-clock time of the timed steps
+    step_cpu_seconds: float          # median CPU time of the calling thread
+    step_times: list[float]
+    peak_bytes: int
+    saved_bytes: int
+    flops: int
+    cost: float
+    loss: torch.Tensor = field(repr=False)
+    grads: dict[str, torch.Tensor] = field(repr=False)
+
+
+def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
+                min_seconds: float = 0.0, scope=contextlib.nullcontext) -> Measured:
+    """Measure ``run(*inputs) -> loss`` training ``model``: the first step
+    (compiling, if it compiles) with seed 0, then one step each for peak
+    memory, saved bytes and counted work, then timed steps (``time_steps``).
+    Every step starts with the gradients set to None, so each allocates
+    them afresh, as a training step does."""
+    live = [*model.parameters(), *model.buffers()]
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        run(*inputs).backward()
+
+    with scope():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        loss = run(*inputs)
+        loss.backward()
+        first = time.perf_counter() - start
+        grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
+                 if p.grad is not None}
+        loss = loss.detach().clone()
+
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        peak = measure.measure_peak_bytes(lambda: run(*inputs).backward())
+
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        saved = measure.measure_saved_bytes(lambda: run(*inputs), exclude=live)
+        saved.output.backward()
+
+        torch.manual_seed(1)
+        with WorkCounter() as work:
+            step()
+
+        torch.manual_seed(2)
+        wall, cpu = time_steps(step, repeat=repeat, min_seconds=min_seconds)
+    model.zero_grad(set_to_none=True)
+    return Measured(first_step_seconds=first, step_seconds=statistics.median(wall),
+                    step_cpu_seconds=statistics.median(cpu), step_times=wall,
+                    peak_bytes=peak, saved_bytes=saved.total_bytes,
+                    flops=work.flops, cost=work.cost, loss=loss, grads=grads)
+
+
+def time_steps(step, *, repeat: int, min_seconds: float = 0.0
+               ) -> tuple[list[float], list[float]]:
+    """Wall-clock and calling-thread CPU seconds of timed steps after one
+    warm-up: ``repeat`` of them, and more (up to 20 times as many) until
+    ``min_seconds`` have passed, so short steps get enough samples. On the
+    CPU with one torch thread, forward and backward both run on the calling
+    thread, so its CPU time is the step's work without the time other
+    processes on a shared machine take from it."""
+    step()
+    wall, cpu = [], []
+    while len(wall) < repeat or (sum(wall) < min_seconds and len(wall) < 20 * repeat):
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        step()
+        cpu.append(time.thread_time() - started_cpu)
+        wall.append(time.perf_counter() - started)
+    return wall, cpu
+
+
+def compare(measured: Measured, reference: Measured) -> dict:
+    """Loss and gradients against the reference (eager): bitwise, and the
+    largest absolute difference."""
+    loss_equal = torch.equal(measured.loss, reference.loss)
+    missing = sorted(set(reference.grads) - set(measured.grads))
+    differ, worst = [], float(abs(measured.loss - reference.loss))
+    for name, expected in reference.grads.items():
+        got = measured.grads.get(name)
+        if got is None:
+            continue
+        if not torch.equal(got, expected):
+            differ.append(name)
+            worst = max(worst, float((got - expected).abs().max()))
+    return {"loss_bitwise": loss_equal, "grads_bitwise": not differ and not missing,
+            "grads_differing": len(differ) + len(missing), "grads_total": len(reference.grads),
+            "max_abs_error": worst,
+            "matches_eager": loss_equal and not differ and not missing}
+
+
+# --- counting work -----------------------------------------------------------
+
+class WorkCounter(TorchDispatchMode):
+    """Sum FLOPs and cost-model seconds of every aten op that runs.
+
+    Declares itself outside compilation (``ignore_compile_internals``), so
+    torch.compile still compiles and runs compiled graphs while it is on,
+    and the ops those graphs run are counted; compiling itself is not. The
+    random-op wrappers fxckpt's replay uses are counted as the op they
+    wrap."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __init__(self, cost_model: CostModel = CostModel()) -> None:
+        super().__init__()
+        self.cost_model = cost_model
+        self.flops = 0
+        self.cost = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        op, op_args, op_out = func, args, out
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            # run_and_save_rng_state(op, *args) -> (state, out);
+            # run_with_rng_state(state, op, *args) -> out
+            wrapped = [i for i, a in enumerate(args[:2]) if isinstance(a, torch._ops.OpOverload)]
+            if not wrapped:
+                return out
+            op, op_args = args[wrapped[0]], args[wrapped[0] + 1:]
+            if wrapped[0] == 0 and isinstance(out, tuple):
+                op_out = out[1]
+        self._count(op, op_args, kwargs, op_out)
+        return out
+
+    def _count(self, op, args, kwargs, out) -> None:
+        if not isinstance(op, torch._ops.OpOverload):
+            return
+        flops = 0
+        formula = flop_registry.get(op.overloadpacket)
+        if formula is not None:
+            flops = int(formula(*args, **kwargs, out_val=out))
+        moved = 0 if op.is_view else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        self.flops += flops
+        self.cost += self.cost_model.seconds(flops, moved)
+
+
+def _tensor_bytes(tree) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(tree)
+               if isinstance(t, torch.Tensor))
