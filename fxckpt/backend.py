@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-import torch
 import torch.fx as fx
 
 from .capture import compile_planned

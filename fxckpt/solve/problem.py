@@ -252,7 +252,7 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     base_bwd = _backward_base(profile, backward, bwd_pos)
     held = sum(size[i] for i in outputs)
     stages = _pick_stages(base_fwd, base_bwd + held)
-    rows_saved, rows_recomputed, base, labels = [], [], [], []
+    rows_saved, base, labels = [], [], []
     for phase, t in stages:
         if phase == "forward":
             rows_saved.append((np.arange(n) <= t) & (last_fwd < t))
