@@ -147,6 +147,12 @@ class Plan:
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
 
+    def __repr__(self) -> str:
+        return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
+                f"saved={len(self.saved)} values / {self.saved_bytes} B, "
+                f"recomputed={len(self.recomputed)}, peak={self.peak_bytes} B at "
+                f"{self.peak_at!r}, budget={self.budget_bytes})")
+
     def __str__(self) -> str:
         lines = [
             f"fxckpt plan (graph {self.graph_id}, solver {self.solver}, "
