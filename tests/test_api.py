@@ -35,11 +35,7 @@ def _loss(y):
     return y.square().mean()
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 # -- budgets ---------------------------------------------------------------

@@ -39,11 +39,7 @@ D, BATCH = 64, 64
 KINDS = ["item", "print", "requires_grad", "disabled_hook"]
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 @pytest.fixture(autouse=True)

@@ -38,11 +38,7 @@ def _net():
     return Net(), (torch.randn(16, 32),)
 
 
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def test_offload_on_host_degrades_to_save_with_a_warning(monkeypatch):

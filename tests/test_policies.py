@@ -30,11 +30,7 @@ except ImportError:  # pragma: no cover - run from inside tests/
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def call(op, *args, name="n", module_path="", value_names=(), output=None, inputs=()):

@@ -35,11 +35,7 @@ MATMULS = (aten.mm, aten.addmm, aten.bmm)
 RNG_HOPS = ("run_and_save_rng_state", "run_with_rng_state")
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def _gpt():

@@ -30,11 +30,7 @@ except ImportError:  # tests/ itself on sys.path (pytest rootdir insertion)
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 # ---------------------------------------------------------------------------

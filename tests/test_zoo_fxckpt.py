@@ -18,11 +18,7 @@ except ImportError:  # pragma: no cover - run from inside tests/
 SOLVERS = ["auto", "recompute_all"]
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 @pytest.mark.parametrize("solver", SOLVERS)

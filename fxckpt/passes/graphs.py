@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -14,3 +16,9 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     result, output = graph.graph_copy(gm.graph, value_map, return_output_node=True)
     graph.output(result).meta = dict(output.meta)
     return fx.GraphModule(gm, graph)
+
+
+def fake_mode_of(graph: fx.Graph):
+    """The FakeTensorMode the graph's ``meta["val"]`` tensors belong to."""
+    return detect_fake_mode([n.meta["val"] for n in graph.nodes
+                             if isinstance(n.meta.get("val"), torch.Tensor)])

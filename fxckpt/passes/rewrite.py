@@ -24,7 +24,7 @@ from torch._functorch.partitioners import _extract_fwd_bwd_modules
 from ..types import BACKWARD, Decision, Profile
 from . import rng
 from .. import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
-from .graphs import copy_graph_module
+from .graphs import copy_graph_module, fake_mode_of
 
 RECOMPUTED_SUFFIX = "_recomputed"
 
@@ -74,7 +74,7 @@ def _in_graph_order(graph: fx.Graph, names) -> list[str]:
 def _offload(graph: fx.Graph, by_name: dict[str, fx.Node], offloaded) -> dict[str, fx.Node]:
     """A copy to host right after each offloaded value is produced; forward
     saves the copy instead of the value. Returns name -> host copy."""
-    fake_mode = rng.detect_fake_mode(rng._fake_values(graph))
+    fake_mode = fake_mode_of(graph)
     hosts = {}
     for name in offloaded:
         value = by_name[name]

@@ -14,9 +14,9 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+from .graphs import fake_mode_of
 from .ops import random_op_device
 
 
@@ -24,7 +24,7 @@ def save_rng_state_in_forward(graph: fx.Graph, node: fx.Node) -> tuple[fx.Node, 
     """Replace random ``node`` in forward by a state-saving call; return the
     state node and the node now standing for the op's result. ``graph`` must
     be a private copy: it is edited in place."""
-    fake_mode = detect_fake_mode(_fake_values(graph))
+    fake_mode = fake_mode_of(graph)
     with graph.inserting_before(node):
         pair = graph.call_function(run_and_save_rng_state, (node.target, *node.args),
                                    dict(node.kwargs))
@@ -47,11 +47,6 @@ def replay_call(graph: fx.Graph, node: fx.Node, state: fx.Node, args, kwargs,
                                (state, node.target, *args), dict(kwargs), name=name)
     replay.meta = dict(node.meta)
     return replay
-
-
-def _fake_values(graph: fx.Graph):
-    return [n.meta["val"] for n in graph.nodes
-            if isinstance(n.meta.get("val"), torch.Tensor)]
 
 
 def rng_state_bytes(device: torch.device | None) -> int:
