@@ -142,10 +142,12 @@ _WORKSPACE = {
 
 
 def _nbytes(node) -> int:
-    if not isinstance(node, fx.Node):
-        return 0
-    return sum(_concrete(v.numel()) * v.element_size()
-               for v in pytree.tree_leaves(node.meta.get("val"))
+    return tensor_bytes(node.meta.get("val")) if isinstance(node, fx.Node) else 0
+
+
+def tensor_bytes(val) -> int:
+    """Bytes of the tensors in ``val`` (a tensor or a structure of them)."""
+    return sum(concrete(v.numel()) * v.element_size() for v in pytree.tree_leaves(val)
                if isinstance(v, torch.Tensor))
 
 
@@ -163,8 +165,7 @@ def _output_bytes(node: fx.Node) -> int:
     val = node.meta.get("val")
     if node.target is run_and_save_rng_state and isinstance(val, tuple):
         val = val[1]
-    return sum(_concrete(v.numel()) * v.element_size() for v in pytree.tree_leaves(val)
-               if isinstance(v, torch.Tensor))
+    return tensor_bytes(val)
 
 
 def _device(node: fx.Node) -> str:
@@ -179,11 +180,12 @@ def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     for val in pytree.tree_leaves(node.meta.get("val")):
         if isinstance(val, torch.Tensor):
             storage = val.untyped_storage()
-            found.append((StorageWeakRef(storage), _concrete(storage.nbytes())))
+            found.append((StorageWeakRef(storage), concrete(storage.nbytes())))
     return found
 
 
-def _concrete(x) -> int:
+def concrete(x) -> int:
+    """An int from a size that may be symbolic (its hint; 0 when it has none)."""
     if isinstance(x, torch.SymInt):
         return int(x.node.hint or 0)
     return int(x)

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import flop_registry
 from ..types import BACKWARD, FORWARD, NodeProfile, Profile
 from . import ops as op_kinds
 from .rng import rng_state_bytes
-from ..memory import workspace_bytes
+from ..memory import concrete, tensor_bytes, workspace_bytes
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
                 storage = storage_owner[ref]
             else:
                 storage_owner[ref] = node.name
-                own_bytes = _concrete(val.untyped_storage().nbytes())
+                own_bytes = concrete(val.untyped_storage().nbytes())
         is_input = node.op == "placeholder"
         is_static = False
         if is_input and node.name.startswith("primals"):
@@ -138,21 +138,6 @@ def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
     return backward
 
 
-def _concrete(x) -> int:
-    if isinstance(x, torch.SymInt):
-        hint = x.node.hint
-        return int(hint) if hint is not None else 0
-    return int(x)
-
-
-def tensor_bytes(val) -> int:
-    if isinstance(val, torch.Tensor):
-        return _concrete(val.numel()) * val.element_size()
-    if isinstance(val, (list, tuple)):
-        return sum(tensor_bytes(v) for v in val)
-    return 0
-
-
 def _bytes_moved(node: fx.Node) -> int:
     if node.op != "call_function":
         return 0
@@ -168,6 +153,6 @@ def _flops(node: fx.Node) -> int:
         return 0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
-        return _concrete(formula(*args, **kwargs, out_val=node.meta.get("val")))
+        return concrete(formula(*args, **kwargs, out_val=node.meta.get("val")))
     except Exception:  # a formula that cannot read symbolic shapes: price by traffic only
         return 0
