@@ -88,18 +88,24 @@ class Backend:
     def __repr__(self) -> str:
         o = self.options
         return (f"fxckpt.backend(budget={o.budget}, policy={o.policy!r}, "
-                f"compiler={o.compiler!r}, solver={o.solver!r})")
+                f"compiler={o.compiler!r}, solver={o.solver!r}"
+                + (f", offload_bandwidth={o.offload_bandwidth:g}" if o.offload_bandwidth else "")
+                + ")")
 
 
 def backend(*, budget=None, policy=None, compiler: str = "inductor",
-            solver: str = "auto") -> Backend:
+            solver: str = "auto", offload_bandwidth=None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 
     ``budget``: bytes (int), a string such as "512MiB", or a float in (0, 1]
     read as a fraction of the runtime-optimal plan's peak; None for the
     runtime-optimal plan. ``compiler``: "inductor" or "eager".
+    ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
+    between device and pinned host memory, the price of CPU offload under a
+    budget; None measures it on the device once per process.
     """
-    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver)
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
+                             offload_bandwidth=offload_bandwidth)
     return Backend(options, node_policy=_node_policy(options.policy))
 
 

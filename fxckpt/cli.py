@@ -279,11 +279,16 @@ def add_bench(subparsers) -> None:
             "with fxckpt, at torch's measured peaks as budgets and at fxckpt's "
             "floor; measure peak memory, saved bytes, step time, recompute "
             "and correctness. Writes bench.json, bench.md and pareto.png. "
-            "--suite solvers times the solvers instead."))
-    parser.add_argument("--suite", choices=("models", "solvers"), default="models",
+            "--suite solvers times the solvers instead; --suite offload "
+            "measures CPU offload on a CUDA device."))
+    parser.add_argument("--suite", choices=("models", "solvers", "offload"), default="models",
                         help="models: the side-by-side table (default); solvers: "
                              "solve time on a ~10,000-node graph and the fast "
-                             "solver against the ILP")
+                             "solver against the ILP; offload: the GPT with matmul "
+                             "outputs saved on the device vs offloaded to host "
+                             "memory (needs CUDA)")
+    parser.add_argument("--device", default=None,
+                        help="--suite offload: the device (default: cuda)")
     parser.add_argument("--model", action="append", choices=MODEL_NAMES,
                         help="a built-in model; repeat for several (default: all)")
     parser.add_argument("--size", choices=("tiny", "small", "medium"), default=None,
@@ -314,6 +319,8 @@ def run_bench(args: argparse.Namespace) -> int:
     command = _bench_command(args)
     if args.suite == "solvers":
         return _run_solvers(args, command)
+    if args.suite == "offload":
+        return _run_offload(args, command)
     overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads}
     if args.size is not None:
         overrides["size"] = args.size
@@ -339,6 +346,7 @@ def _bench_command(args: argparse.Namespace) -> str:
     words += ["--quick"] if args.quick else []
     for flag, value, default in (("--size", args.size, None), ("--repeat", args.repeat, None),
                                  ("--threads", args.threads, 1), ("--layers", args.layers, None),
+                                 ("--device", args.device, None),
                                  ("--out", args.out, "bench-results")):
         if value != default:
             words.append(f"{flag} {value}")
@@ -369,6 +377,32 @@ def _run_solvers(args: argparse.Namespace, command: str) -> int:
         json.dump(result, f, indent=1)
     text = bench_solvers.solvers_markdown(result)
     with open(os.path.join(args.out, "solvers.md"), "w") as f:
+        f.write(f"`{command}`\n\n{text}")
+    print(text)
+    return 0
+
+
+def _run_offload(args: argparse.Namespace, command: str) -> int:
+    import json
+
+    from fxckpt import bench_offload
+    from fxckpt.bench import Progress
+
+    device = args.device or "cuda"
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        print(f"fxckpt bench --suite offload needs a CUDA device (got {device!r}, "
+              f"CUDA available: {torch.cuda.is_available()}): on the host, offload "
+              "degrades to save and there is nothing to measure", file=sys.stderr)
+        return 2
+    result = bench_offload.run_offload(
+        device=device, size=args.size or ("tiny" if args.quick else "medium"),
+        repeat=args.repeat or (3 if args.quick else 20), progress=Progress(sys.stderr))
+    result["command"] = command
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "offload.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    text = bench_offload.offload_markdown(result)
+    with open(os.path.join(args.out, "offload.md"), "w") as f:
         f.write(f"`{command}`\n\n{text}")
     print(text)
     return 0

@@ -32,7 +32,7 @@ from .types import Plan
 
 
 def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "inductor",
-            solver: str = "auto") -> "CompiledModule":
+            solver: str = "auto", offload_bandwidth=None) -> "CompiledModule":
     """``torch.compile(model, backend=fxckpt.backend(...))``, and the
     submodules whose forward Dynamo cannot compile in one graph run under
     ``fxckpt.checkpoint`` with the same ``policy``. Options are those of
@@ -41,7 +41,8 @@ def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "indu
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxckpt.compile takes an nn.Module, got {type(model).__name__}; "
                         "for a function use torch.compile(fn, backend=fxckpt.backend(...))")
-    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver)
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
+                             offload_bandwidth=offload_bandwidth)
     fallback = Fallback(model, options)
     compiled = torch.compile(model, backend=fallback.backend)
     return CompiledModule(model, compiled.dynamo_ctx, fallback)

@@ -14,7 +14,7 @@ from .types import Plan
 
 
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,
-            solver: str = "auto") -> Plan:
+            solver: str = "auto", offload_bandwidth=None) -> Plan:
     """Plan checkpointing for ``model_or_gm`` on ``example_inputs`` and return the
     Plan. A GraphModule is planned directly; an nn.Module is captured with
     Dynamo on a copy (its buffers and your RNG are left untouched), which runs
@@ -23,14 +23,16 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
         from .transform import transform
 
         plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
-                         compiler="eager", solver=solver).plan
+                         compiler="eager", solver=solver,
+                         offload_bandwidth=offload_bandwidth).plan
         if plan is None:
             raise FxckptError(_NO_GRAD)
         return plan
     if not isinstance(model_or_gm, torch.nn.Module) and not callable(model_or_gm):
         raise TypeError(f"explain takes an nn.Module or a GraphModule, got "
                         f"{type(model_or_gm).__name__}")
-    options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver)
+    options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver,
+                             offload_bandwidth=offload_bandwidth)
     be = Backend(options, node_policy=_node_policy(options.policy))
     model = copy.deepcopy(model_or_gm) if isinstance(model_or_gm, torch.nn.Module) \
         else model_or_gm

@@ -19,6 +19,12 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import offload as _registers_offload_ops  # noqa: F401
+
+# What fxckpt::offload returns lives in host memory, never on the device (on
+# a CPU stand-in device too, where tests let host values "offload").
+_HOST_COPY = torch.ops.fxckpt.offload.default
+
 
 @dataclass(frozen=True)
 class MemoryTimeline:
@@ -79,6 +85,10 @@ class _Walk:
         self.peak, self.peak_at, self.points = 0, "", []
 
     def allocate(self, node: fx.Node, phase: str) -> None:
+        if node.target is _HOST_COPY:
+            # Host memory, here and where backward reads it as an input.
+            self.not_counted.update(ref for ref, _ in _storages(node))
+            return
         if _device(node) not in (self.device, ""):
             return
         for ref, nbytes in _storages(node):

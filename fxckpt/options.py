@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 COMPILERS = ("inductor", "eager")
+OPTION_NAMES = ("budget", "policy", "compiler", "solver", "offload_bandwidth")
 SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all", "per_block", "sqrt_n")
 
 _UNITS = {
@@ -70,6 +71,27 @@ def parse_budget(value: Any) -> Budget | None:
     raise ValueError(f"budget={value!r} has type {type(value).__name__}: {_BUDGET_FORMS}")
 
 
+def parse_bandwidth(value: Any) -> float | None:
+    """Read ``offload_bandwidth``: bytes per second (a positive number) or a
+    string such as '12GB/s' or '10GiB/s'; None measures it."""
+    if value is None:
+        return None
+    forms = ("offload_bandwidth is None (measured on the device), a positive number "
+             "of bytes per second, or a string such as '12GB/s'")
+    if isinstance(value, bool):
+        raise ValueError(f"offload_bandwidth={value!r} is not a bandwidth: {forms}")
+    if isinstance(value, (int, float)):
+        if not value > 0 or value != value or value == float("inf"):
+            raise ValueError(f"offload_bandwidth={value!r} must be positive and finite: {forms}")
+        return float(value)
+    if isinstance(value, str) and value.strip().lower().endswith("/s"):
+        try:
+            return float(parse_budget(value.strip()[:-2]).bytes)
+        except ValueError:
+            pass
+    raise ValueError(f"offload_bandwidth={value!r} is not understood: {forms}")
+
+
 def format_bytes(n: float) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
@@ -85,10 +107,14 @@ class Options:
     policy: Any = None
     compiler: str = "inductor"
     solver: str = "auto"
+    # Bytes per second one way between device and pinned host memory, which
+    # prices CPU offload; None: measured on the device the first time a plan
+    # can offload (fxckpt/bandwidth.py).
+    offload_bandwidth: float | None = None
 
     @staticmethod
     def create(*, budget: Any = None, policy: Any = None, compiler: str = "inductor",
-               solver: str = "auto") -> "Options":
+               solver: str = "auto", offload_bandwidth: Any = None) -> "Options":
         if compiler not in COMPILERS:
             raise ValueError(
                 f"compiler={compiler!r} is not known; choose one of {COMPILERS} "
@@ -97,16 +123,17 @@ class Options:
         if solver not in SOLVERS:
             raise ValueError(f"solver={solver!r} is not known; choose one of {SOLVERS}")
         return Options(budget=parse_budget(budget), policy=policy,
-                       compiler=compiler, solver=solver)
+                       compiler=compiler, solver=solver,
+                       offload_bandwidth=parse_bandwidth(offload_bandwidth))
 
     @staticmethod
     def from_mapping(options: dict | None, **defaults: Any) -> "Options":
         """Build from ``torch.compile(..., options={...})``; unknown keys are errors."""
         merged = dict(defaults)
         for key, value in (options or {}).items():
-            if key not in ("budget", "policy", "compiler", "solver"):
+            if key not in OPTION_NAMES:
                 raise ValueError(
                     f"unknown fxckpt option {key!r}; the options are "
-                    "'budget', 'policy', 'compiler' and 'solver'")
+                    + ", ".join(repr(name) for name in OPTION_NAMES))
             merged[key] = value
         return Options.create(**merged)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch.fx as fx
@@ -18,10 +18,9 @@ from .passes.profile import profile_joint_graph
 from .passes.rewrite import rewrite
 from .passes.tag import tag_forward_values
 from .passes.verify import verify_decision, verify_rewrite
-from .solve import solve
+from .solve import problem_for, solve
 from .solve.budgeted import pareto_frontier
 from .solve.mincut import runtime_optimal
-from .solve.problem import build_problem
 from .solve.common import run_in_forward
 from .types import Decision, Plan, PlanEntry, Profile, Tag
 
@@ -117,7 +116,7 @@ class FrontierPlanner(Planner):
         start = time.perf_counter()
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices)
-        problem = build_problem(profile, tags)
+        problem = problem_for(profile, tags, self.options)
         optimal = runtime_optimal(problem)
         rewritten, timeline = evaluate(optimal)
         graph_id = next(_graph_ids)
@@ -145,9 +144,10 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     recomputed = tuple(n for n in profile.nodes if n in decision.recomputed and n in in_forward)
     deferred = tuple(n for n in profile.nodes
                      if n in decision.recomputed and n not in in_forward)
-    entries = [_entry(profile, tags, name,
-                      "offloaded" if name in decision.offloaded else "saved")
-               for name in saved if profile.nodes[name].is_tensor]
+    entries = [_entry(profile, tags, name, "saved") for name in saved
+               if profile.nodes[name].is_tensor and name not in decision.offloaded]
+    entries += [_offloaded_entry(profile, tags, name, decision.offload_bandwidth)
+                for name in saved if name in decision.offloaded]
     entries += [_entry(profile, tags, name, "recomputed") for name in recomputed]
     entries += [_entry(profile, tags, name, "deferred") for name in deferred]
     entries += [PlanEntry(name, "saved", "rng state", _nbytes(fw_vals.get(name)), 0.0, 0,
@@ -164,6 +164,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         saved_bytes=profile.storage_bytes(decision.saved - decision.offloaded) + state_bytes,
         offloaded=tuple(n for n in saved if n in decision.offloaded),
         offloaded_bytes=profile.storage_bytes(decision.offloaded),
+        offload_seconds=_transfer_seconds(profile.storage_bytes(decision.offloaded),
+                                          decision.offload_bandwidth),
+        offload_bandwidth=decision.offload_bandwidth,
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
         recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
@@ -190,6 +193,17 @@ def _entry(profile: Profile, tags: dict[str, Tag], name: str, action: str) -> Pl
                      cost=node.cost, flops=node.flops,
                      tag=tag.policy.name if tag.policy is not None else "-",
                      reason=_reason(tag, action), source=node.source)
+
+
+def _offloaded_entry(profile: Profile, tags: dict[str, Tag], name: str,
+                     bandwidth: float | None) -> PlanEntry:
+    """An offloaded value costs its copies to host and back."""
+    entry = _entry(profile, tags, name, "offloaded")
+    return replace(entry, cost=_transfer_seconds(entry.bytes, bandwidth), flops=0)
+
+
+def _transfer_seconds(nbytes: int, bandwidth: float | None) -> float:
+    return 2.0 * nbytes / bandwidth if bandwidth else 0.0
 
 
 def _reason(tag: Tag, action: str) -> str:

@@ -40,8 +40,12 @@ def plan_summary_rows(plan) -> list[tuple[str, str]]:
                        f"MFLOP, ~{plan.recompute_cost * 1e3:.3f} ms"),
     ]
     if plan.offloaded:
+        bandwidth = (f" at {plan.offload_bandwidth / 1e9:.1f} GB/s"
+                     if plan.offload_bandwidth else "")
         rows.insert(3, ("offloaded", f"{format_bytes(plan.offloaded_bytes)} in "
-                                     f"{len(plan.offloaded)} values (host memory)"))
+                                     f"{len(plan.offloaded)} values (host memory), "
+                                     f"~{plan.offload_seconds * 1e3:.3f} ms of copies"
+                                     f"{bandwidth}"))
     rows += [("note", note) for note in (*plan.notes, *plan.overrides)]
     return rows
 

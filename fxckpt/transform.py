@@ -33,13 +33,15 @@ class Transformed(torch.nn.Module):
 
 
 def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
-              compiler: str = "eager", solver: str = "auto") -> Transformed:
+              compiler: str = "eager", solver: str = "auto",
+              offload_bandwidth=None) -> Transformed:
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(
             f"fxckpt.transform takes a torch.fx.GraphModule, got {type(gm).__name__}; "
             "trace it first (torch.fx.symbolic_trace(model)) or use "
             "torch.compile(model, backend=fxckpt.backend(...)) for a plain nn.Module")
-    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver)
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
+                             offload_bandwidth=offload_bandwidth)
     lifted = len(list(gm.named_parameters(remove_duplicate=False))) + \
         len(list(gm.named_buffers(remove_duplicate=False)))
     planner = Planner(options, node_policy=_node_policy(options.policy),

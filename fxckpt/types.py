@@ -107,6 +107,9 @@ class Decision:
     budget_bytes: int | None = None   # the budget it was solved for, resolved to bytes
     # Saved values kept in host memory between forward and backward.
     offloaded: frozenset[str] = frozenset()
+    # Bytes per second one way between device and host that priced offload
+    # (None when nothing could be offloaded).
+    offload_bandwidth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class Plan:
     plan_seconds: float = 0.0   # profile + tag + solve + rewrite, wall time
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
+    offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
+    offload_bandwidth: float | None = None   # bytes per second one way
 
     def __repr__(self) -> str:
         return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
@@ -154,19 +159,11 @@ class Plan:
                 f"{self.peak_at!r}, budget={self.budget_bytes})")
 
     def __str__(self) -> str:
-        lines = [
-            f"fxckpt plan (graph {self.graph_id}, solver {self.solver}, "
-            f"{self.solve_seconds * 1e3:.1f} ms"
-            + (f", gap {self.gap:.2%}" if self.gap is not None else "") + ")",
-            f"  budget         {format_bytes(self.budget_bytes) if self.budget_bytes else 'none'}",
-            f"  saved          {format_bytes(self.saved_bytes)} in {len(self.saved)} values",
-            f"  predicted peak {format_bytes(self.peak_bytes)} (at {self.peak_at})",
-            f"  deferred       {len(self.deferred)} values (run once, in backward)",
-            f"  recomputed     {len(self.recomputed)} values, "
-            f"{self.recompute_flops / 1e6:.2f} MFLOP, ~{self.recompute_cost * 1e3:.3f} ms",
-        ]
-        for note in self.notes + self.overrides:
-            lines.append(f"  note: {note}")
+        from .render import plan_summary_rows
+
+        lines = [f"fxckpt plan (graph {self.graph_id})"]
+        for label, value in plan_summary_rows(self):
+            lines.append(f"  note: {value}" if label == "note" else f"  {label:<14} {value}")
         if self.entries:
             header = f"  {'action':<10} {'value':<28} {'op':<34} {'bytes':>11} {'cost ms':>8}  {'tag':<18} reason"
             lines += ["", header, "  " + "-" * (len(header) + 10)]

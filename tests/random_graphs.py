@@ -11,7 +11,10 @@ from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile, Tag
 
 
 def random_profile(seed: int, *, n_inputs: int = 3, n_forward: int = 20,
-                   n_backward: int = 15) -> tuple[Profile, dict[str, Tag]]:
+                   n_backward: int = 15, offload: bool = False
+                   ) -> tuple[Profile, dict[str, Tag]]:
+    """With ``offload``, a fifth of the values a policy would save are
+    tagged PREFER_CPU_OFFLOAD instead and one in twenty MUST_CPU_OFFLOAD."""
     rng = random.Random(seed)
     nodes: dict[str, NodeProfile] = {}
     tags: dict[str, Tag] = {}
@@ -44,6 +47,10 @@ def random_profile(seed: int, *, n_inputs: int = 3, n_forward: int = 20,
             tags[name] = Tag(CheckpointPolicy.MUST_SAVE, "cannot be recomputed", "op")
         elif view:
             tags[name] = Tag(CheckpointPolicy.PREFER_RECOMPUTE, "view", "default")
+        elif offload and rng.random() < 0.05:
+            tags[name] = Tag(CheckpointPolicy.MUST_CPU_OFFLOAD, "policy", "policy")
+        elif offload and rng.random() < 0.2:
+            tags[name] = Tag(CheckpointPolicy.PREFER_CPU_OFFLOAD, "policy", "policy")
         elif rng.random() < 0.3:
             tags[name] = Tag(CheckpointPolicy.PREFER_SAVE, "matmul", "default")
         else:

@@ -1,6 +1,8 @@
 """Property tests on random planning problems (numbers, no graphs): every
 strategy's plan is runnable, budgeted strategies stay within budget under the
-memory model, the ILP is never beaten, and cost never rises with the budget."""
+memory model, the ILP is never beaten, and cost never rises with the budget.
+Each runs with and without values tagged for CPU offload (then cost is
+recompute plus transfer time, at a random bandwidth)."""
 
 from __future__ import annotations
 
@@ -26,17 +28,25 @@ except ImportError:  # pragma: no cover
 
 SETTINGS = settings(max_examples=25, deadline=None)
 seeds = st.integers(min_value=0, max_value=10_000)
+offload = st.booleans()
 
 
-def _problem(seed):
-    profile, tags = random_profile(seed)
-    return build_problem(profile, tags)
+def _problem(seed, offload=False):
+    profile, tags = random_profile(seed, offload=offload)
+    # Transfer of a 64-byte unit costs about as much as an average recompute
+    # (1e-6..1e-3 s), from a tenth to ten times it.
+    bandwidth = 64 * 2 / 5e-4 * 10 ** np.random.default_rng(seed).uniform(-1, 1)
+    return build_problem(profile, tags, bandwidth=bandwidth)
 
 
 def _masks(problem, decision):
     saved = np.array([n in decision.saved for n in problem.names])
     recomputed = np.array([n in decision.recomputed for n in problem.names])
     return saved, recomputed
+
+
+def _offloaded(problem, decision):
+    return np.array([n in decision.offloaded for n in problem.names])
 
 
 def _budgets(problem, count=5):
@@ -50,52 +60,56 @@ def _tolerance(problem):
 
 
 @SETTINGS
-@given(seeds)
-def test_every_strategy_returns_a_runnable_plan(seed):
-    problem = _problem(seed)
+@given(seeds, offload)
+def test_every_strategy_returns_a_runnable_plan(seed, offload):
+    problem = _problem(seed, offload)
     for name, strategy in BASELINES.items():
-        saved, recomputed = _masks(problem, strategy(problem))
-        assert problem.is_feasible(saved, recomputed) == "", name
+        decision = strategy(problem)
+        saved, recomputed = _masks(problem, decision)
+        assert problem.is_feasible(saved, recomputed, _offloaded(problem, decision)) == "", name
 
 
 @SETTINGS
-@given(seeds)
-def test_budgeted_solvers_are_feasible_within_budget_and_ilp_is_best(seed):
-    problem = _problem(seed)
+@given(seeds, offload)
+def test_budgeted_solvers_are_feasible_within_budget_and_ilp_is_best(seed, offload):
+    problem = _problem(seed, offload)
     tol = _tolerance(problem)
     for budget in _budgets(problem):
         try:
-            saved, recomputed, gap = solve_ilp(problem, budget)
+            saved, recomputed, offloaded, gap = solve_ilp(problem, budget)
         except Infeasible:
             with pytest.raises(Infeasible):
                 solve_fast(problem, budget)
             continue
-        assert problem.is_feasible(saved, recomputed) == ""
-        assert problem.peak(saved, recomputed) <= budget * (1 + 1e-9)
+        assert problem.is_feasible(saved, recomputed, offloaded) == ""
+        assert problem.peak(saved, recomputed, offloaded) <= budget * (1 + 1e-9)
         assert gap is not None and gap <= 1e-3
-        ilp_cost = problem.recompute_cost(recomputed)
+        ilp_cost = problem.plan_cost(recomputed, offloaded)
         try:
-            fast_saved, fast_recomputed = solve_fast(problem, budget)
+            fast = solve_fast(problem, budget)
         except Infeasible:
             continue
-        assert problem.is_feasible(fast_saved, fast_recomputed) == ""
-        assert problem.peak(fast_saved, fast_recomputed) <= budget * (1 + 1e-9)
-        assert ilp_cost <= problem.recompute_cost(fast_recomputed) + tol
+        assert problem.is_feasible(*fast) == ""
+        assert problem.peak(*fast) <= budget * (1 + 1e-9)
+        assert ilp_cost <= problem.plan_cost(fast[1], fast[2]) + tol
         for name, strategy in BASELINES.items():
-            b_saved, b_recomputed = _masks(problem, strategy(problem))
-            if problem.peak(b_saved, b_recomputed) <= budget and \
-                    not problem.overrides(b_saved, b_recomputed):
-                assert ilp_cost <= problem.recompute_cost(b_recomputed) + tol, name
+            decision = strategy(problem)
+            b_saved, b_recomputed = _masks(problem, decision)
+            b_offloaded = _offloaded(problem, decision)
+            if problem.peak(b_saved, b_recomputed, b_offloaded) <= budget and \
+                    not problem.overrides(b_saved, b_recomputed, b_offloaded):
+                assert ilp_cost <= problem.plan_cost(b_recomputed, b_offloaded) + tol, name
 
 
 @SETTINGS
-@given(seeds)
-def test_ilp_cost_never_increases_when_the_budget_grows(seed):
-    problem = _problem(seed)
+@given(seeds, offload)
+def test_ilp_cost_never_increases_when_the_budget_grows(seed, offload):
+    problem = _problem(seed, offload)
     costs = []
     for budget in _budgets(problem, count=6):
         try:
-            costs.append(problem.recompute_cost(solve_ilp(problem, budget)[1]))
+            _, recomputed, offloaded, _ = solve_ilp(problem, budget)
+            costs.append(problem.plan_cost(recomputed, offloaded))
         except Infeasible:
             assert not costs, "feasible at a smaller budget but not at a larger one"
     tol = _tolerance(problem)
@@ -106,15 +120,15 @@ def _proxy_evaluate(problem):
     """An evaluate() whose exact model is the proxy itself, so the budgeted
     driver can be checked without graphs."""
     def evaluate(decision):
-        peak = problem.peak(*_masks(problem, decision))
+        peak = problem.peak(*_masks(problem, decision), _offloaded(problem, decision))
         return None, SimpleNamespace(peak_bytes=int(np.ceil(peak)), peak_at="x")
     return evaluate
 
 
 @SETTINGS
-@given(seeds, st.sampled_from(["ilp", "fast"]))
-def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver):
-    problem = _problem(seed)
+@given(seeds, st.sampled_from(["ilp", "fast"]), offload)
+def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver, offload):
+    problem = _problem(seed, offload)
     evaluate = _proxy_evaluate(problem)
     optimal = runtime_optimal(problem)
     runtime = (optimal, *evaluate(optimal))
@@ -131,7 +145,8 @@ def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver):
             continue
         assert timeline.peak_bytes <= int(budget)
         results.append((timeline.peak_bytes,
-                        problem.recompute_cost(_masks(problem, decision)[1])))
+                        problem.plan_cost(_masks(problem, decision)[1],
+                                          _offloaded(problem, decision))))
     peaks = [p for p, _ in results]
     costs = [c for _, c in results]
     assert peaks == sorted(peaks)
@@ -139,13 +154,42 @@ def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver):
 
 
 @SETTINGS
-@given(seeds)
-def test_proxy_peak_grows_with_saved_bytes(seed):
+@given(seeds, offload)
+def test_proxy_peak_grows_with_saved_bytes(seed, offload):
     """Saving one more value never lowers the proxy's peak."""
-    problem = _problem(seed)
+    problem = _problem(seed, offload)
     saved, recomputed = _masks(problem, BASELINES["recompute_all"](problem))
     base = problem.peak(saved, recomputed)
     for i in np.flatnonzero(problem.can_save & ~saved)[:5]:
         more = saved.copy()
         more[i] = True
         assert problem.peak(more, recomputed) >= base - 1e-9
+
+
+@SETTINGS
+@given(seeds)
+def test_offloading_a_saved_value_never_raises_the_proxy_peak(seed):
+    """An offloaded value holds the device only in backward, from its reload
+    to its last use: never more than holding it saved."""
+    problem = _problem(seed, offload=True)
+    decision = BASELINES["save_all"](problem)
+    saved, recomputed = _masks(problem, decision)
+    none = np.zeros(problem.n, dtype=bool)
+    base = problem.peak(saved, recomputed, none)
+    for i in np.flatnonzero(saved & problem.can_offload):
+        one = none.copy()
+        one[i] = True
+        assert problem.peak(saved, recomputed, one) <= base + 1e-9
+
+
+@SETTINGS
+@given(seeds)
+def test_ilp_offloads_what_must_be_and_only_what_may_be(seed):
+    problem = _problem(seed, offload=True)
+    for budget in _budgets(problem, count=3):
+        try:
+            saved, _, offloaded, _ = solve_ilp(problem, budget)
+        except Infeasible:
+            continue
+        assert not (offloaded & ~(saved & problem.can_offload)).any()
+        assert (offloaded[saved & problem.must_offload]).all()

@@ -10,8 +10,9 @@ Precedence, strongest first:
 
 A MUST_RECOMPUTE that cannot be honoured raises, naming the node and its source
 line; a PREFER_RECOMPUTE that cannot is turned into MUST_SAVE with the reason.
-A *_CPU_OFFLOAD answer is followed as the matching *_SAVE, with the answer kept
-in the reason, until the rewrite can move values to CPU memory.
+A *_CPU_OFFLOAD answer stands for values on an offload device (CUDA); for
+values already in host memory it becomes the matching *_SAVE, with the
+answer kept in the reason and a one-time warning.
 
 The policy is asked once per forward op in forward order (``ask_policy``), with
 the names ``fxckpt.name`` left on the node that produced a value.
@@ -32,7 +33,7 @@ from ..types import NodeProfile, Profile, Tag
 
 P = CheckpointPolicy
 _RECOMPUTE = (P.MUST_RECOMPUTE, P.PREFER_RECOMPUTE)
-# Until the rewrite moves values to CPU memory, an offloaded value is saved.
+# What an offload answer becomes for a value already in host memory.
 _OFFLOAD_AS_SAVE = {P.MUST_CPU_OFFLOAD: P.MUST_SAVE, P.PREFER_CPU_OFFLOAD: P.PREFER_SAVE}
 # Devices whose values can be offloaded to host memory. On the host itself
 # offload means nothing: it degrades to save.

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from torch.utils.checkpoint import CheckpointPolicy
+
+from ..bandwidth import offload_bandwidth
 from ..errors import BudgetError
 from ..options import Options, format_bytes
 from ..types import Decision, Profile, Tag
@@ -14,6 +17,8 @@ from .baselines import per_block, recompute_all, save_all, sqrt_segments
 from .budgeted import solve_budgeted
 from .mincut import runtime_optimal
 from .problem import build_problem
+
+_OFFLOAD_POLICIES = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 
 BASELINES = {
     "save_all": save_all,
@@ -27,9 +32,19 @@ BASELINES = {
 Evaluate = Callable[[Decision], tuple]
 
 
+def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
+    """The numeric Problem of a profiled, tagged graph. Offload is priced only
+    where some value is tagged *_CPU_OFFLOAD: then the options' bandwidth, or
+    the device's measured one."""
+    devices = sorted({profile.nodes[name].device for name, tag in tags.items()
+                      if tag.policy in _OFFLOAD_POLICIES})
+    bandwidth = offload_bandwidth(devices[0], options.offload_bandwidth) if devices else None
+    return build_problem(profile, tags, bandwidth=bandwidth)
+
+
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options):
     """Return (decision, rewritten, timeline) for the options' solver and budget."""
-    problem = build_problem(profile, tags)
+    problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)

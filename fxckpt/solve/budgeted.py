@@ -4,8 +4,8 @@ A strategy (the exact ILP or the fast solver) is asked for plans at a
 descending series of memory targets below the runtime-optimal plan's peak;
 every plan is checked against the exact memory model (the proxy the
 strategies optimise can be off either way), and the reference strategies
-join in. The plans no other plan beats on both exact peak and recompute cost
-form the frontier. A budget then takes the cheapest frontier plan whose
+join in. The plans no other plan beats on both exact peak and time cost
+(recompute, plus transfers where values are offloaded) form the frontier. A budget then takes the cheapest frontier plan whose
 exact peak fits it.
 
 Because the frontier does not depend on the budget:
@@ -70,33 +70,43 @@ def solve_budgeted(problem: Problem, evaluate, budget: int, solver: str, *,
 
 def pareto_frontier(problem: Problem, evaluate, solver: str, runtime_optimal
                     ) -> list[Candidate]:
-    """Plans on the exact peak / recompute cost frontier, lowest peak first."""
+    """Plans on the exact peak / time cost frontier, lowest peak first."""
     strategy = _pick(solver, problem)
 
     def candidate(decision: Decision) -> Candidate:
         rewritten, timeline = evaluate(decision)
-        return Candidate(decision, rewritten, timeline,
-                         problem.recompute_cost(_mask(problem, decision.recomputed)))
+        return Candidate(decision, rewritten, timeline, _cost(problem, decision))
 
-    found = [Candidate(*runtime_optimal, problem.recompute_cost(
-        _mask(problem, runtime_optimal[0].recomputed)))]
+    found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
                                      sqrt_segments(problem))]
-    target, lowest, stalls = float(found[0].peak), min(c.peak for c in found), 0
+
+    def solved(target: float) -> Candidate:
+        started = time.perf_counter()
+        saved, recomputed, offloaded, gap = strategy(problem, target)
+        return candidate(to_decision(
+            problem, saved, recomputed, offloaded, solver=strategy.__name__,
+            seconds=time.perf_counter() - started, gap=gap, budget_bytes=None))
+
+    target = float(found[0].peak)
+    if problem.can_offload.any():
+        # Offload costs transfer time, so the runtime-optimal plan (which
+        # follows every offload tag) is not the cheapest one: the frontier
+        # also reaches up to the cheapest plan, whatever its peak.
+        found.append(solved(np.inf))
+        target = max(target, found[-1].peak / _TARGET_RATIO)
+    lowest, stalls = min(c.peak for c in found), 0
     for _ in range(max(4, min(_MAX_TARGETS, _TARGET_WORK // max(problem.n, 1)))):
         target *= _TARGET_RATIO
-        started = time.perf_counter()
         try:
-            saved, recomputed, gap = strategy(problem, target)
+            found.append(solved(target))
         except Infeasible:
             break
-        found.append(candidate(to_decision(
-            problem, saved, recomputed, solver=strategy.__name__,
-            seconds=time.perf_counter() - started, gap=gap, budget_bytes=None)))
         # Follow recompute chains this plan uses from now on: the proxy only
         # grows more cautious, so targets below stay honest.
-        problem = problem.refined(recomputed)
-        stalls = stalls + 1 if found[-1].peak >= lowest else 0
+        problem = problem.refined(_mask(problem, found[-1].decision.recomputed))
+        # Stalled: aiming below the lowest peak found, and not getting there.
+        stalls = stalls + 1 if target < lowest <= found[-1].peak else 0
         lowest = min(lowest, found[-1].peak)
         if stalls >= _STALLS_BEFORE_STOP:
             break
@@ -122,11 +132,16 @@ def _ilp(problem, target):
 
 
 def _fast(problem, target):
-    saved, recomputed = solve_fast(problem, target)
-    return saved, recomputed, None
+    return (*solve_fast(problem, target), None)
 
 
 _ilp.__name__, _fast.__name__ = "ilp", "fast"
+
+
+def _cost(problem: Problem, decision: Decision) -> float:
+    """Seconds the plan adds: recompute and offload transfers."""
+    return problem.plan_cost(_mask(problem, decision.recomputed),
+                             _mask(problem, decision.offloaded))
 
 
 def _mask(problem: Problem, names) -> np.ndarray:

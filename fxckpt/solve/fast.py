@@ -13,6 +13,12 @@ Rounded and cut plans usually leave room under the budget: the greedy fill
 then saves recomputed values back, best recompute cost removed per byte of
 peak added first. Last, the exact programme runs for at most
 ``polish_seconds``: where it finishes, the fast plan is the exact one.
+
+Offload (values tagged *_CPU_OFFLOAD) enters each candidate after the fact:
+a plan over the budget offloads saved values live at its peak, largest
+first, until it fits; the fill then also weighs keeping an offloaded value on
+the device (saves its transfer) and offloading a recomputed one (saves its
+recompute, costs its transfer).
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 
 
 def solve_fast(problem: Problem, budget: float, *, seconds: float = 1.6
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Plan within ``budget`` under the memory proxy in about ``seconds``."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Plan within ``budget`` under the memory proxy in about ``seconds``;
+    return (saved, recomputed, offloaded)."""
     deadline = time.perf_counter() + seconds
     candidates = _rounded_plans(problem, budget)
     # A time-boxed run of the exact programme: on graphs it can finish in
@@ -40,12 +47,12 @@ def solve_fast(problem: Problem, budget: float, *, seconds: float = 1.6
     polish = min(1.0, _remaining(deadline) - 0.3)
     if polish > 0.05:
         try:
-            saved, recomputed, _ = solve_ilp(problem, budget, time_limit=polish)
-            candidates.append((saved, recomputed))
+            candidates.append(solve_ilp(problem, budget, time_limit=polish)[:3])
         except Infeasible:
             pass
     try:
-        candidates.append(_cut_plan(problem, budget, deadline))
+        candidates.append(_with_offload(problem, budget,
+                                        *_cut_plan(problem, budget, deadline)))
     except Infeasible:
         pass
     feasible = [c for c in candidates if problem.peak(*c) <= budget]
@@ -60,22 +67,45 @@ def _remaining(deadline: float) -> float:
     return deadline - time.perf_counter()
 
 
-def _objective(problem: Problem, saved: np.ndarray, recomputed: np.ndarray) -> float:
+def _objective(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
+               offloaded: np.ndarray) -> float:
     return float(_recompute_weight(problem)[recomputed].sum()
-                 + _save_penalty(problem)[saved].sum())
+                 + _save_penalty(problem)[saved].sum()
+                 + problem.transfer[offloaded].sum())
 
 
 def _rounded_plans(problem: Problem, budget: float) -> list:
     try:
-        fraction_saved = relaxed_saved(problem, budget)
+        fraction_saved, fraction_offloaded = relaxed_saved(problem, budget)
     except Infeasible:
         return []
     plans = []
     for threshold in _THRESHOLDS:
         plan = _closed(problem, fraction_saved >= threshold)
         if plan is not None:
-            plans.append(plan)
+            saved, recomputed = plan
+            offloaded = saved & problem.can_offload & (fraction_offloaded >= threshold)
+            plans.append(_with_offload(problem, budget, saved, recomputed, offloaded))
     return plans
+
+
+def _with_offload(problem: Problem, budget: float, saved: np.ndarray,
+                  recomputed: np.ndarray, offloaded: np.ndarray | None = None):
+    """The plan with what MUST be offloaded offloaded and, while it is over
+    the budget, saved values live at its peak offloaded, largest first."""
+    offloaded = np.zeros(problem.n, dtype=bool) if offloaded is None else offloaded.copy()
+    offloaded |= saved & problem.must_offload
+    movable = saved & problem.can_offload
+    while movable[~offloaded].any():
+        live = problem.stage_live(saved, recomputed, offloaded)
+        if live.max() <= budget:
+            break
+        at_peak = problem.stage_saved[int(live.argmax())] > 0
+        choices = np.flatnonzero(movable & ~offloaded & at_peak)
+        if not len(choices):
+            break
+        offloaded[choices[np.argmax(problem.size[choices])]] = True
+    return saved, recomputed, offloaded
 
 
 def _closed(problem: Problem, saved: np.ndarray):
@@ -132,39 +162,56 @@ def _save_penalty(problem: Problem) -> np.ndarray:
     return _penalty(problem) * problem.prefer_recompute
 
 
-def _fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndarray, *,
-          deadline: float = float("inf")):
-    """Save recomputed values back while the budget allows. Each round scores
-    the most promising candidates by recompute cost removed per byte of peak
-    added, and takes the best that fits."""
-    saved, recomputed = saved.copy(), recomputed.copy()
-    cost = problem.recompute_cost(recomputed)
-    peak = problem.peak(saved, recomputed)
-    while True:
-        candidates = [i for i in np.flatnonzero(recomputed & problem.can_save
-                                                & ~problem.prefer_recompute)
-                      if problem.cost[i] > 0]
-        candidates.sort(key=lambda i: -problem.cost[i] / (problem.size[i] + 1.0))
+def _fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndarray,
+          offloaded: np.ndarray, *, deadline: float = float("inf")):
+    """Trade memory the budget leaves for time while it allows. Each round
+    scores the most promising moves (save a recomputed value back, on the
+    device or offloaded; keep an offloaded value on the device) by time saved
+    per byte of peak added, and takes the best that fits."""
+    plan = (saved.copy(), recomputed.copy(), offloaded.copy())
+    objective = _objective(problem, *plan)
+    peak = problem.peak(*plan)
+    while _remaining(deadline) > 0:
         best = None
-        if _remaining(deadline) <= 0:
-            return saved, recomputed
-        for i in candidates[:_FILL_CANDIDATES]:
-            trial = saved.copy()
-            trial[i] = True
-            trial_recomputed = computed_in_backward(problem, trial)
-            # Inputs of a value no longer recomputed may no longer need saving.
-            trial &= problem.needed | _read_by(problem, trial_recomputed)
-            trial_peak = problem.peak(trial, trial_recomputed)
-            gain = cost - problem.recompute_cost(trial_recomputed)
+        for trial in _moves(problem, *plan):
+            trial_peak = problem.peak(*trial)
+            gain = objective - _objective(problem, *trial)
             if trial_peak > budget or gain <= 0:
                 continue
             score = gain / (max(trial_peak - peak, 0.0) + 1.0)
             if best is None or score > best[0]:
-                best = (score, trial, trial_recomputed, trial_peak)
+                best = (score, trial, trial_peak)
         if best is None:
-            return saved, recomputed
-        _, saved, recomputed, peak = best
-        cost = problem.recompute_cost(recomputed)
+            break
+        _, plan, peak = best
+        objective = _objective(problem, *plan)
+    return plan
+
+
+def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
+           offloaded: np.ndarray):
+    """Plans one step from the given one that may cost less time."""
+    candidates = [i for i in np.flatnonzero(recomputed & problem.can_save
+                                            & ~problem.prefer_recompute)
+                  if problem.cost[i] > 0]
+    candidates.sort(key=lambda i: -problem.cost[i] / (problem.size[i] + 1.0))
+    for i in candidates[:_FILL_CANDIDATES]:
+        trial = saved.copy()
+        trial[i] = True
+        trial_recomputed = computed_in_backward(problem, trial)
+        # Inputs of a value no longer recomputed may no longer need saving.
+        trial &= problem.needed | _read_by(problem, trial_recomputed)
+        kept = offloaded & trial
+        if not problem.must_offload[i]:
+            yield trial, trial_recomputed, kept
+        if problem.can_offload[i]:
+            moved = kept.copy()
+            moved[i] = True
+            yield trial, trial_recomputed, moved
+    for i in np.flatnonzero(offloaded & ~problem.must_offload)[:_FILL_CANDIDATES]:
+        kept = offloaded.copy()
+        kept[i] = False
+        yield saved, recomputed, kept
 
 
 def _read_by(problem: Problem, computed: np.ndarray) -> np.ndarray:

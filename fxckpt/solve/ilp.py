@@ -1,13 +1,20 @@
 """The exact strategy: a mixed-integer programme solved by HiGHS (scipy.milp).
 
 Variables, per forward value i: s_i = 1 if saved, r_i = 1 if backward computes
-it. Constraints:
+it; per value tagged *_CPU_OFFLOAD, o_i = 1 if it is saved in host memory.
+Constraints:
   s_i + r_i >= 1                 backward reads i                     (needed)
   r_i - s_j - r_j <= 0           recomputing i needs each input j     (closure)
   s_i + r_i <= 1                 never both
+  o_i <= s_i                     only a saved value is offloaded
+  o_i >= s_i                     where MUST_CPU_OFFLOAD
   s_i <= can_save_i, r_i <= can_recompute_i                          (MUST_*)
-  base_k + sum_i size_i (A_ki s_i + B_ki r_i) + replay . r <= budget  (each stage k)
-Objective: sum_i cost_i r_i + penalty * (PREFER_* overridden) + eps * sum_i size_i s_i.
+  base_k + sum_i size_i (A_ki (s_i - o_i) + B_ki (r_i + o_i))
+         + replay . r <= budget                                       (each stage k)
+(A: a saved value is live at stage k; B: a value backward computes, or
+reloads, is live at stage k.)
+Objective: sum_i cost_i r_i + sum_i transfer_i o_i
+           + penalty * (PREFER_SAVE / PREFER_RECOMPUTE overridden) + eps * sum_i size_i s_i.
 The penalty exceeds any recompute cost, so a preference is overridden only
 when the budget leaves no other way; eps breaks ties towards less memory.
 """
@@ -29,45 +36,56 @@ class Infeasible(ValueError):
 
 
 def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
-              ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Return (saved, recomputed, gap); raise Infeasible when none exists."""
-    n = problem.n
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Return (saved, recomputed, offloaded, gap); raise Infeasible when none exists."""
     c, bounds = _objective_and_bounds(problem)
     constraints = _constraints(problem, budget)
-    result = milp(c=c, integrality=np.ones(2 * n), bounds=bounds, constraints=constraints,
+    result = milp(c=c, integrality=np.ones(len(c)), bounds=bounds, constraints=constraints,
                   options={"time_limit": time_limit, "mip_rel_gap": 1e-4,
                            "presolve": True})
     if result.x is None:
         raise Infeasible(result.message)
-    x = np.round(result.x).astype(bool)
+    saved, recomputed, offloaded = _split(problem, np.round(result.x) > 0.5)
     gap = float(result.mip_gap) if result.mip_gap is not None else None
-    return x[:n], x[n:], gap if gap is not None and np.isfinite(gap) else 0.0
+    return saved, recomputed, offloaded, gap if gap is not None and np.isfinite(gap) else 0.0
 
 
-def relaxed_saved(problem: Problem, budget: float) -> np.ndarray:
-    """The linear relaxation's fraction saved of each value."""
+def relaxed_saved(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarray]:
+    """The linear relaxation's fraction saved, and offloaded, of each value."""
     c, bounds = _objective_and_bounds(problem)
-    result = milp(c=c, integrality=np.zeros(2 * problem.n), bounds=bounds,
+    result = milp(c=c, integrality=np.zeros(len(c)), bounds=bounds,
                   constraints=_constraints(problem, budget))
     if result.x is None:
         raise Infeasible(result.message)
-    return result.x[:problem.n]
+    saved, _, offloaded = _split(problem, result.x)
+    return saved, offloaded
+
+
+def _split(problem: Problem, x: np.ndarray):
+    """(saved, recomputed, offloaded) from the variable vector, offloaded
+    spread back over all values."""
+    n = problem.n
+    offloaded = np.zeros(n, dtype=x.dtype)
+    offloaded[np.flatnonzero(problem.can_offload)] = x[2 * n:]
+    return x[:n], x[n:2 * n], offloaded
 
 
 def _objective_and_bounds(problem: Problem):
     n = problem.n
+    movable = np.flatnonzero(problem.can_offload)
     cost = problem.cost
     penalty = 10.0 * (float(cost.sum()) + 1e-9) + 1.0
     eps = 1e-3 * (float(cost[cost > 0].min()) if (cost > 0).any() else 1.0) \
         / max(float(problem.size.sum()), 1.0)
     c_save = eps * problem.size + penalty * problem.prefer_recompute
     c_recompute = cost + penalty * problem.prefer_save
-    upper = np.concatenate([problem.can_save, problem.can_recompute]).astype(float)
+    upper = np.concatenate([problem.can_save, problem.can_recompute,
+                            np.ones(len(movable), dtype=bool)]).astype(float)
     # Costs are seconds (1e-6 and less): scale so HiGHS's absolute gap
     # tolerance cannot end the search early.
-    c = np.concatenate([c_save, c_recompute])
+    c = np.concatenate([c_save, c_recompute, problem.transfer[movable]])
     scale = _OBJECTIVE_SCALE / max(float(np.abs(c).max()), 1e-30)
-    return c * scale, Bounds(np.zeros(2 * n), upper)
+    return c * scale, Bounds(np.zeros(len(c)), upper)
 
 
 def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:
@@ -92,9 +110,18 @@ def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:
             add([(n + i, 1.0), (j, -1.0), (n + j, -1.0)], -np.inf, 0.0)
     for i in range(n):
         add([(i, 1.0), (n + i, 1.0)], -np.inf, 1.0)
-    structure = sp.csr_array((vals, (rows, cols)), shape=(len(lower), 2 * n))
+    movable = np.flatnonzero(problem.can_offload)
+    for k, i in enumerate(movable):
+        add([(2 * n + k, 1.0), (i, -1.0)], -np.inf, 0.0)
+        if problem.must_offload[i]:
+            add([(2 * n + k, 1.0), (i, -1.0)], 0.0, np.inf)
+    width = 2 * n + len(movable)
+    structure = sp.csr_array((vals, (rows, cols)), shape=(len(lower), width))
+    # An offloaded value leaves the saved rows (A) for the backward lifetime
+    # rows (B): o_i moves size_i from one to the other.
+    moved = (problem.stage_recomputed - problem.stage_saved)[:, movable] * problem.size[movable]
     memory = np.hstack([problem.stage_saved * problem.size,
                         problem.stage_recomputed * problem.size
-                        + problem.replay[None, :]])
+                        + problem.replay[None, :], moved])
     return [LinearConstraint(structure, np.array(lower), np.array(upper)),
             LinearConstraint(memory, -np.inf, budget - problem.stage_base)]

@@ -17,7 +17,14 @@ inside a search, so a Problem carries a linear model over a few stages:
   rematerialised just in time] + sum_i replay_i * recomputed_i.
 
 ``base`` is what is live at the stage whatever the plan (backward's own
-temporaries and gradients, forward values in flight). The model is checked
+temporaries and gradients, forward values in flight).
+
+Offload, a third way to give backward a value: a value tagged *_CPU_OFFLOAD
+may be saved in host memory (``offloaded``, a subset of ``saved``). It is
+copied out right after forward made it, so on the device it lives as an
+unsaved value does in forward and, reloaded just before backward first needs
+it, as a recomputed value does in backward; its price is the transfer time
+both ways (``transfer``) instead of recompute cost. The model is checked
 against the exact simulation after every solve; where it was optimistic the
 budgeted driver tightens its target and solves again.
 """
@@ -61,7 +68,10 @@ class Problem:
     hint_save: np.ndarray             # any PREFER_SAVE (matmuls by default)
     hint_recompute: np.ndarray        # any PREFER_RECOMPUTE (views, pointwise by default)
     block: np.ndarray                 # index of the repeated block (layer) a value is in; -1 none
-    offload: np.ndarray               # saved, it is kept in host memory (*_CPU_OFFLOAD)
+    can_offload: np.ndarray           # *_CPU_OFFLOAD: if saved, may wait in host memory
+    must_offload: np.ndarray          # MUST_CPU_OFFLOAD: if saved, waits in host memory
+    transfer: np.ndarray              # seconds to copy it to host and back
+    bandwidth: float | None           # bytes per second one way that priced transfer
     stage_saved: np.ndarray           # (stages, n): 1 where saving i adds size_i
     stage_recomputed: np.ndarray      # (stages, n): 1 where recomputing i adds size_i
     stage_base: np.ndarray            # (stages,)
@@ -82,13 +92,33 @@ class Problem:
                              (rows.astype(np.int64), cols.astype(np.int64))),
                             shape=(self.n, self.n))
 
-    def peak(self, saved: np.ndarray, recomputed: np.ndarray) -> float:
-        """The proxy's peak for the plan given by two masks."""
-        s = saved.astype(float) * self.size
-        r = recomputed.astype(float) * self.size
-        live = self.stage_base + self.stage_saved @ s + self.stage_recomputed @ r \
-            + float(recomputed.astype(float) @ self.replay)
+    def peak(self, saved: np.ndarray, recomputed: np.ndarray,
+             offloaded: np.ndarray | None = None) -> float:
+        """The proxy's peak for the plan given by the masks (``offloaded``
+        None: the tags' choice, see ``tagged_offload``)."""
+        live = self.stage_live(saved, recomputed, offloaded)
         return float(live.max()) if len(live) else 0.0
+
+    def stage_live(self, saved: np.ndarray, recomputed: np.ndarray,
+                   offloaded: np.ndarray | None = None) -> np.ndarray:
+        """Bytes live at each stage under the plan."""
+        if offloaded is None:
+            offloaded = self.tagged_offload(saved)
+        s = (saved & ~offloaded).astype(float) * self.size
+        r = (recomputed | offloaded).astype(float) * self.size
+        return self.stage_base + self.stage_saved @ s + self.stage_recomputed @ r \
+            + float(recomputed.astype(float) @ self.replay)
+
+    def tagged_offload(self, saved: np.ndarray) -> np.ndarray:
+        """What the tags offload of ``saved``: every *_CPU_OFFLOAD value, as a
+        plan without a budget follows a PREFER_CPU_OFFLOAD answer."""
+        return saved & self.can_offload
+
+    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> float:
+        """Seconds a plan adds to a step: recompute, plus transfers for
+        offloaded values (priced as if no copy overlapped compute)."""
+        extra = float(self.transfer[offloaded].sum()) if offloaded is not None else 0.0
+        return self.recompute_cost(recomputed) + extra
 
     def refined(self, recomputed: np.ndarray) -> "Problem":
         """The same problem, with recompute lifetimes that also follow chains
@@ -105,18 +135,27 @@ class Problem:
     def recompute_cost(self, recomputed: np.ndarray) -> float:
         return float(self.cost[recomputed].sum())
 
-    def overrides(self, saved: np.ndarray, recomputed: np.ndarray) -> list[int]:
+    def overrides(self, saved: np.ndarray, recomputed: np.ndarray,
+                  offloaded: np.ndarray | None = None) -> list[int]:
+        """Values whose user preference the plan does not follow."""
+        offloaded = self.tagged_offload(saved) if offloaded is None else offloaded
         return [i for i in range(self.n)
                 if (self.prefer_save[i] and recomputed[i])
-                or (self.prefer_recompute[i] and saved[i])]
+                or (self.prefer_recompute[i] and saved[i])
+                or (self.can_offload[i] and not offloaded[i] and (saved[i] or recomputed[i]))]
 
-    def is_feasible(self, saved: np.ndarray, recomputed: np.ndarray) -> str:
+    def is_feasible(self, saved: np.ndarray, recomputed: np.ndarray,
+                    offloaded: np.ndarray | None = None) -> str:
         """"" if the masks describe a plan backward can run, else why not."""
         for i in range(self.n):
             if saved[i] and not self.can_save[i]:
                 return f"{self.names[i]} saved but cannot be"
             if recomputed[i] and not self.can_recompute[i]:
                 return f"{self.names[i]} recomputed but cannot be"
+            if offloaded is not None and offloaded[i] and not (saved[i] and self.can_offload[i]):
+                return f"{self.names[i]} offloaded but not saved or not offloadable"
+            if offloaded is not None and saved[i] and self.must_offload[i] and not offloaded[i]:
+                return f"{self.names[i]} must be offloaded when saved"
             if self.needed[i] and not (saved[i] or recomputed[i]):
                 return f"{self.names[i]} needed but neither saved nor recomputed"
             if recomputed[i]:
@@ -146,7 +185,10 @@ def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     return computed[:n] & ~saved
 
 
-def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
+def build_problem(profile: Profile, tags: dict[str, Tag], *,
+                  bandwidth: float | None = None) -> Problem:
+    """``bandwidth``: bytes per second one way between device and host,
+    which prices offload; needed only when some value is tagged *_CPU_OFFLOAD."""
     forward = profile.forward_nodes()
     names = tuple(n.name for n in forward)
     index = {name: i for i, name in enumerate(names)}
@@ -163,7 +205,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
     prefer_recompute = np.zeros(n, dtype=bool)
     hint_save = np.zeros(n, dtype=bool)
     hint_recompute = np.zeros(n, dtype=bool)
-    offload = np.zeros(n, dtype=bool)
+    can_offload = np.zeros(n, dtype=bool)
+    must_offload = np.zeros(n, dtype=bool)
     blocks: dict[str, int] = {}
     block = np.full(n, -1)
     for i, node in enumerate(forward):
@@ -180,12 +223,20 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
                        and policy != CheckpointPolicy.MUST_RECOMPUTE)
         can_recompute[i] = (node.recomputable and not node.is_input
                             and policy not in _MUST_KEEP)
-        offload[i] = policy in _OFFLOAD
+        can_offload[i] = policy in _OFFLOAD and can_save[i] and size[i] > 0
+        must_offload[i] = can_offload[i] and policy == CheckpointPolicy.MUST_CPU_OFFLOAD
         hint_save[i] = policy in _PREFER_KEEP
         hint_recompute[i] = policy == CheckpointPolicy.PREFER_RECOMPUTE
         if origin != "default":
-            prefer_save[i] = policy in _PREFER_KEEP
+            # PREFER_CPU_OFFLOAD carries no penalty: under a budget, keeping
+            # the value on the device, offloading it and recomputing it are
+            # priced against each other (memory, transfer time, recompute).
+            prefer_save[i] = policy == CheckpointPolicy.PREFER_SAVE
             prefer_recompute[i] = hint_recompute[i]
+    if can_offload.any() and not bandwidth:
+        raise ValueError("values are tagged for CPU offload: build_problem needs the "
+                         "device-host bandwidth that prices it")
+    transfer = 2.0 * size / bandwidth if can_offload.any() else np.zeros(n)
     needed = np.array([name in profile.needed_by_backward for name in names])
     stages = _stage_model(profile, names, index, size)
     # Until a plan says otherwise, guess that values a default tag would
@@ -196,23 +247,41 @@ def build_problem(profile: Profile, tags: dict[str, Tag]) -> Problem:
                    needed=needed, can_save=can_save, can_recompute=can_recompute,
                    prefer_save=prefer_save, prefer_recompute=prefer_recompute,
                    hint_save=hint_save, hint_recompute=hint_recompute, block=block,
-                   offload=offload, **stages)
+                   can_offload=can_offload, must_offload=must_offload,
+                   transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
+                   **stages)
 
 
-def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray, *,
+def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
+                offloaded: np.ndarray | None = None, *,
                 solver: str, seconds: float, gap: float | None,
                 budget_bytes: int | None) -> Decision:
-    overrides = tuple(
-        f"{problem.names[i]}: "
-        + ("PREFER_SAVE overridden, recomputed" if recomputed[i]
-           else "PREFER_RECOMPUTE overridden, saved")
-        + " to meet the budget" for i in problem.overrides(saved, recomputed))
+    if offloaded is None:
+        offloaded = problem.tagged_offload(saved)
+    overrides = tuple(_override(problem, i, recomputed[i])
+                      for i in problem.overrides(saved, recomputed, offloaded))
     return Decision(
         saved=frozenset(problem.names[i] for i in np.flatnonzero(saved)),
         recomputed=frozenset(problem.names[i] for i in np.flatnonzero(recomputed)),
         solver=solver, solve_seconds=seconds, gap=gap, overrides=overrides,
         budget_bytes=budget_bytes,
-        offloaded=frozenset(problem.names[i] for i in np.flatnonzero(saved & problem.offload)))
+        offloaded=frozenset(problem.names[i] for i in np.flatnonzero(offloaded)),
+        offload_bandwidth=problem.bandwidth)
+
+
+def _override(problem: Problem, i: int, recomputed: bool) -> str:
+    name = problem.names[i]
+    if problem.can_offload[i]:
+        transfer = f"moving it to host and back costs {problem.transfer[i] * 1e6:.1f} us"
+        if recomputed:
+            return (f"{name}: PREFER_CPU_OFFLOAD not followed, recomputed "
+                    f"({problem.cost[i] * 1e6:.1f} us) where {transfer}")
+        return (f"{name}: PREFER_CPU_OFFLOAD not followed, kept on the device: the "
+                f"budget has room for it and {transfer}")
+    return (f"{name}: "
+            + ("PREFER_SAVE overridden, recomputed" if recomputed
+               else "PREFER_RECOMPUTE overridden, saved")
+            + " to meet the budget")
 
 
 def _stage_model(profile: Profile, names, index, size) -> dict:
