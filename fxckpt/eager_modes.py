@@ -31,6 +31,7 @@ by the function, which makes new tensors each time it runs.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -53,6 +54,21 @@ from .policy_api import Decider, OpCall, finish
 _SAVE = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE,
                    # Offloading is not implemented on the eager path: kept in place.
                    CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
+
+_OFFLOAD = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
+_offload_warned = False
+
+
+def _warn_offload_kept(func) -> None:
+    global _offload_warned
+    if not _offload_warned:
+        _offload_warned = True
+        warnings.warn(
+            f"the policy asks to offload {func} to CPU memory, but fxckpt.checkpoint "
+            "(the eager path, and graph-break fallback regions) does not offload: the "
+            "value is saved where it is. Compile the region (fxckpt.backend) to offload.",
+            stacklevel=4)
+
 
 # Checkpointing itself adds detach calls (the recomputation's pack hook) and
 # metadata queries; they are not ops of the user's function.
@@ -228,6 +244,8 @@ class Recorder(TorchDispatchMode):
         record = OpRecord(index, op.func, tensor_metas(op.out), op.where, self._ask(index, op))
         self.log.records.append(record)
         if record.decision in _SAVE and op.kind.cacheable:
+            if record.decision in _OFFLOAD:
+                _warn_offload_kept(op.func)
             self._save(op.key, record, op.out, op.rng_after)
         if self.producers is not None:
             for t in tensor_leaves(op.out):

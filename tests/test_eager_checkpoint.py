@@ -652,3 +652,19 @@ def test_activations_are_freed_and_saved_outputs_live_until_backward():
     assert not storages["h"].expired() and storages["g"].expired()
     out.sum().backward()
     assert storages["h"].expired()       # no reference cycle keeps it
+
+
+def test_offload_answers_are_saved_in_place_with_a_warning(monkeypatch):
+    from fxckpt import eager_modes, policies
+
+    monkeypatch.setattr(eager_modes, "_offload_warned", False)
+    w1, w2, x = (t.detach().requires_grad_() for t in _params((8, 16), (16, 4), (5, 8)))
+
+    def fn(x):
+        return torch.relu(x @ w1) @ w2
+
+    expected = torch.autograd.grad(fn(x).sum(), (w1, w2, x))
+    with pytest.warns(UserWarning, match="does not offload"):
+        out = fxckpt.checkpoint(fn, x, policy=policies.offload(policies.save_matmuls()))
+    assert all(torch.equal(a, b) for a, b in
+               zip(torch.autograd.grad(out.sum(), (w1, w2, x)), expected))
