@@ -210,3 +210,20 @@ def test_offload_bench_refuses_without_cuda(capsys):
 
     assert main(["bench", "--suite", "offload"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_offload_ops_survive_inductor(stand_in):
+    """fxckpt::offload / fxckpt::reload are opaque custom ops to Inductor:
+    the offloaded plan's gradients equal Inductor's without offload."""
+    def grads(policy):
+        torch._dynamo.reset()
+        model, inputs = _net()
+        model.eval()   # no dropout: Inductor's RNG differs from eager's
+        be = fxckpt.backend(compiler="inductor", policy=policy, offload_bandwidth=1e10)
+        torch.compile(model, backend=be)(*inputs).backward()
+        return [p.grad for p in model.parameters()], be.plans[0]
+
+    kept, _ = grads(policies.save_matmuls())
+    moved, plan = grads(OFFLOAD_MATMULS)
+    assert plan.offloaded
+    assert all(torch.equal(a, b) for a, b in zip(kept, moved))
