@@ -15,7 +15,6 @@ behind compute.
 from __future__ import annotations
 
 import contextlib
-import functools
 import statistics
 
 import torch
@@ -66,9 +65,8 @@ def run_offload(*, device: str, size: str = "small", repeat: int = 10,
 
 
 def _measure_row(name, policy, *, device, size, repeat, offload_bandwidth):
-    model, inputs, loss_fn = make_model("gpt", size=size)
-    step = Step(model.to(device), _loss_on(loss_fn, device))
-    inputs = tuple(x.to(device) for x in inputs)
+    model, inputs, loss_fn = make_model("gpt", size=size, device=device)
+    step = Step(model, loss_fn)
     be = None
     run = step
     if policy is not None:
@@ -103,15 +101,6 @@ def _measure_row(name, policy, *, device, size, repeat, offload_bandwidth):
     }
     torch._dynamo.reset()
     return row, result
-
-
-def _loss_on(loss_fn, device):
-    """The built-in loss with its bound targets moved to ``device``."""
-    if isinstance(loss_fn, functools.partial):
-        keywords = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                    for k, v in loss_fn.keywords.items()}
-        return functools.partial(loss_fn.func, *loss_fn.args, **keywords)
-    return loss_fn
 
 
 def _bitwise(result, reference) -> bool:

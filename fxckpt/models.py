@@ -221,29 +221,29 @@ _MLP_SIZES = {  # in_features, width, depth, batch
 _N_CLASSES = 10
 
 
-def _make_gpt(size: str, generator: torch.Generator):
+def _make_gpt(size: str, generator: torch.Generator, device: str):
     config, batch = _GPT_SIZES[size]
     model = GPT(config)
     shape = (batch, config.block_size)
-    idx = torch.randint(config.vocab_size, shape, generator=generator)
-    targets = torch.randint(config.vocab_size, shape, generator=generator)
+    idx = torch.randint(config.vocab_size, shape, generator=generator).to(device)
+    targets = torch.randint(config.vocab_size, shape, generator=generator).to(device)
     return model, (idx,), functools.partial(gpt_loss, targets=targets)
 
 
-def _make_cnn(size: str, generator: torch.Generator):
+def _make_cnn(size: str, generator: torch.Generator, device: str):
     widths, batch, side = _CNN_SIZES[size]
     model = ConvNet(widths=widths, n_classes=_N_CLASSES)
-    images = torch.randn(batch, 3, side, side, generator=generator)
-    labels = torch.randint(_N_CLASSES, (batch,), generator=generator)
+    images = torch.randn(batch, 3, side, side, generator=generator).to(device)
+    labels = torch.randint(_N_CLASSES, (batch,), generator=generator).to(device)
     return model, (images,), functools.partial(F.cross_entropy, target=labels)
 
 
-def _make_mlp(size: str, generator: torch.Generator):
+def _make_mlp(size: str, generator: torch.Generator, device: str):
     in_features, width, depth, batch = _MLP_SIZES[size]
     model = MLP(in_features=in_features, width=width, depth=depth,
                 n_classes=_N_CLASSES)
-    features = torch.randn(batch, in_features, generator=generator)
-    labels = torch.randint(_N_CLASSES, (batch,), generator=generator)
+    features = torch.randn(batch, in_features, generator=generator).to(device)
+    labels = torch.randint(_N_CLASSES, (batch,), generator=generator).to(device)
     return model, (features,), functools.partial(F.cross_entropy, target=labels)
 
 
@@ -252,13 +252,14 @@ _MAKERS = {"gpt": (_make_gpt, _GPT_SIZES), "cnn": (_make_cnn, _CNN_SIZES),
 MODEL_NAMES = tuple(_MAKERS)
 
 
-def make_model(name: str, *, size: str = "small", seed: int = 0
+def make_model(name: str, *, size: str = "small", seed: int = 0, device: str = "cpu"
                ) -> tuple[nn.Module, tuple[torch.Tensor, ...], LossFn]:
     """Build a built-in model in training mode, with example inputs and a
     loss function ``loss_fn(output) -> scalar`` (the targets are bound in).
 
     One training step is ``loss_fn(model(*inputs)).backward()``. The same
-    name, size and seed give the same weights, inputs and targets.
+    name, size and seed give the same weights, inputs and targets, drawn on
+    the host and then moved to ``device`` with the model.
     """
     if name not in _MAKERS:
         raise ValueError(f"unknown model {name!r}; valid names: "
@@ -272,6 +273,6 @@ def make_model(name: str, *, size: str = "small", seed: int = 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
-        model, inputs, loss_fn = maker(size, generator)
-    model.train()
+        model, inputs, loss_fn = maker(size, generator, device)
+    model.to(device).train()
     return model, inputs, loss_fn
