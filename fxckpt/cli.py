@@ -356,8 +356,6 @@ def _bench_command(args: argparse.Namespace) -> str:
 
 
 def _run_solvers(args: argparse.Namespace, command: str) -> int:
-    import json
-
     from fxckpt import bench_solvers
     from fxckpt.bench import Progress, machine
 
@@ -372,19 +370,10 @@ def _run_solvers(args: argparse.Namespace, command: str) -> int:
     finally:
         torch.set_num_threads(threads)
     result.update(command=command, machine=machine(args.threads))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "solvers.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    text = bench_solvers.solvers_markdown(result)
-    with open(os.path.join(args.out, "solvers.md"), "w") as f:
-        f.write(f"`{command}`\n\n{text}")
-    print(text)
-    return 0
+    return _write_suite(args.out, "solvers", result, bench_solvers.solvers_markdown(result))
 
 
 def _run_offload(args: argparse.Namespace, command: str) -> int:
-    import json
-
     from fxckpt import bench_offload
     from fxckpt.bench import Progress
 
@@ -398,12 +387,19 @@ def _run_offload(args: argparse.Namespace, command: str) -> int:
         device=device, size=args.size or ("tiny" if args.quick else "medium"),
         repeat=args.repeat or (3 if args.quick else 20), progress=Progress(sys.stderr))
     result["command"] = command
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "offload.json"), "w") as f:
+    return _write_suite(args.out, "offload", result, bench_offload.offload_markdown(result))
+
+
+def _write_suite(out: str, stem: str, result: dict, text: str) -> int:
+    """Write ``<stem>.json`` and ``<stem>.md`` (headed by the command) under
+    ``out`` and print the markdown."""
+    import json
+
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
         json.dump(result, f, indent=1)
-    text = bench_offload.offload_markdown(result)
-    with open(os.path.join(args.out, "offload.md"), "w") as f:
-        f.write(f"`{command}`\n\n{text}")
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(f"`{result['command']}`\n\n{text}")
     print(text)
     return 0
 
