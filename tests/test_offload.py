@@ -17,11 +17,15 @@ from fxckpt import policies
 from fxckpt.passes import tag
 
 try:
-    from tests.harness import assert_bitwise_equal, run_step
+    from tests.harness import assert_bitwise_equal, fresh, run_step
     from tests.opcount import OpCounter
+    from tests.test_memory_model import Step
+    from tests.zoo import ZOO
 except ImportError:  # pragma: no cover
-    from harness import assert_bitwise_equal, run_step
+    from harness import assert_bitwise_equal, fresh, run_step
     from opcount import OpCounter
+    from test_memory_model import Step
+    from zoo import ZOO
 
 
 class Net(nn.Module):
@@ -64,14 +68,20 @@ def test_offload_rewrite_copies_out_and_back(monkeypatch):
     assert set(plan.offloaded) == {"addmm", "addmm_1"} & set(plan.saved)
     assert plan.offloaded and plan.offloaded_bytes > 0
     assert all(e.action == "offloaded" for e in plan.entries if e.name in plan.offloaded)
+    counter = _count_ops(compiled, inputs)
+    assert counter.total(torch.ops.fxckpt.offload, "forward") == len(plan.offloaded)
+    assert counter.total(torch.ops.fxckpt.reload, "backward") == len(plan.offloaded)
+    assert counter.total(torch.ops.fxckpt.reload, "forward") == 0
+
+
+def _count_ops(compiled, inputs) -> OpCounter:
+    """Ops one step runs, by phase."""
     with OpCounter() as counter:
         counter.phase("forward")
         loss = compiled(*inputs)
         counter.phase("backward")
         loss.backward()
-    assert counter.total(torch.ops.fxckpt.offload, "forward") == len(plan.offloaded)
-    assert counter.total(torch.ops.fxckpt.reload, "backward") == len(plan.offloaded)
-    assert counter.total(torch.ops.fxckpt.reload, "forward") == 0
+    return counter
 
 
 # --- the solver's third option, on a stand-in device -------------------------
@@ -79,15 +89,6 @@ def test_offload_rewrite_copies_out_and_back(monkeypatch):
 # counts fxckpt::offload's copies as host memory, as it does on CUDA: the plan
 # figures below are what a CUDA device would see; the measured CUDA figures
 # need a GPU (tests/test_offload_cuda.py).
-
-try:
-    from tests.harness import fresh
-    from tests.test_memory_model import Step
-    from tests.zoo import ZOO
-except ImportError:  # pragma: no cover
-    from harness import fresh
-    from test_memory_model import Step
-    from zoo import ZOO
 
 OFFLOAD_MATMULS = policies.offload(policies.save_matmuls())
 
@@ -142,11 +143,7 @@ def test_a_fast_link_makes_offload_the_cheapest_way_to_fit(stand_in):
     assert plan.offloaded, "offload costs next to nothing here: it should be used"
     # Nothing the policy wanted kept is recomputed: offloading was cheaper.
     assert not set(plan.recomputed) & {"addmm", "addmm_1", "bmm", "mm"}
-    with OpCounter() as counter:
-        counter.phase("forward")
-        loss = compiled(*inputs)
-        counter.phase("backward")
-        loss.backward()
+    counter = _count_ops(compiled, inputs)
     assert counter.total(torch.ops.fxckpt.offload, "forward") == len(plan.offloaded)
     assert counter.total(torch.ops.fxckpt.reload, "backward") == len(plan.offloaded)
     # Values kept on the device are listed as overrides, with the price.
