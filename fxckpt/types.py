@@ -49,6 +49,10 @@ class NodeProfile:
     not_recomputable: str = ""
     source: str = ""             # the user's source line that produced this op
     module_path: str = ""        # e.g. "blocks.0.attn" from nn_module_stack
+    # The module whose forward op this node belongs to: module_path, or, for
+    # nodes AOTAutograd adds for backward, the module of the op they serve
+    # (fwd_nn_module_stack); "" when the graph records neither.
+    owner_module_path: str = ""
 
     @property
     def recomputable(self) -> bool:

@@ -40,9 +40,12 @@ AT_FLOOR = {
                   recomputed=["sin", "tanh"]),
     "diamond": dict(floor=40964, saved=["addmm", "exp", "primals_3", "sin"],
                     recomputed=["cos"]),
-    "attention": dict(floor=91140, saved=["detach_1", "mul", "t_2", "transpose_6",
-                                          "transpose_7", "transpose_8", "transpose_9",
-                                          "view", "view_8"], recomputed=[]),
+    # per_block's plan (min-cut restricted to views and pointwise ops, as
+    # torch's partitioner): the same floor, at no recompute cost.
+    "attention": dict(floor=91140, saved=["_softmax", "_unsafe_view", "_unsafe_view_1",
+                                          "_unsafe_view_2", "_unsafe_view_3", "addmm_1",
+                                          "primals_3", "primals_5"],
+                      recomputed=["expand_2", "t_1", "view", "view_6", "view_8", "view_9"]),
 }
 
 

@@ -152,6 +152,16 @@ def module_path(node: fx.Node) -> str:
     return _clean_module_path(path)
 
 
+def owner_module_path(node: fx.Node) -> str:
+    """module_path, or for a node without a module stack (one AOTAutograd adds
+    for backward: a transpose or detach of a saved value) the module of the
+    forward op it serves."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    return _clean_module_path(list(stack.values())[-1][0])
+
+
 def _clean_module_path(path: str) -> str:
     # Dynamo records paths such as "L['self'].blocks[0].attn"; users write "blocks.0.attn".
     for prefix in ("L['self'].", "L['self']", "self."):

@@ -101,6 +101,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             not_recomputable=not_recomputable,
             source=op_kinds.source_line(node),
             module_path=op_kinds.module_path(node),
+            owner_module_path=op_kinds.owner_module_path(node),
         )
     flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
     fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))

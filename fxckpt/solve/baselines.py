@@ -6,10 +6,12 @@ sqrt(n) segments."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import time
 import numpy as np
 
 from ..types import Decision
+from .mincut import runtime_optimal
 from .problem import Problem, computed_in_backward, to_decision
 
 
@@ -25,9 +27,36 @@ def recompute_all(problem: Problem) -> Decision:
 
 
 def per_block(problem: Problem) -> Decision:
-    """Like torch.utils.checkpoint around every repeated block (layer): values
-    inside a block are recomputed; what crosses a block boundary is saved."""
-    return _segments(problem, problem.block, "per_block")
+    """torch.compile with torch.utils.checkpoint around every repeated block
+    (layer): values inside a block are recomputed from what enters it; what
+    crosses a block boundary is saved; outside the blocks, the runtime-optimal
+    (min-cut) plan decides, as torch's partitioner does there.
+
+    Values computed from no input at all (an attention mask built from
+    ``ones``) are the same in every block; torch.compile computes them once,
+    before the first block, so here they belong to no block either."""
+    start = time.perf_counter()
+    segment = np.where(_constant(problem), -1, problem.block)
+    outside = segment < 0
+    boundary = _boundary(problem, segment) & ~outside
+    for i, parents in enumerate(problem.parents):
+        if not outside[i]:
+            boundary[parents[outside[parents]]] = True
+    # torch's partitioner recomputes only cheap ops (views, pointwise), never
+    # a random one.
+    cheap = problem.can_recompute & problem.hint_recompute & (problem.replay == 0)
+    mincut = set(runtime_optimal(replace(problem, can_recompute=cheap)).saved)
+    mincut_saved = np.array([name in mincut for name in problem.names], dtype=bool)
+    saved = (boundary | (mincut_saved & outside) | ~problem.can_recompute) & problem.can_save
+    return _decision(problem, saved & _read(problem, saved), "per_block", start)
+
+
+def _constant(problem: Problem) -> np.ndarray:
+    """Values that depend on no graph input (parents come first in order)."""
+    constant = np.zeros(problem.n, dtype=bool)
+    for i, parents in enumerate(problem.parents):
+        constant[i] = problem.can_recompute[i] and bool(np.all(constant[parents]))
+    return constant
 
 
 def sqrt_segments(problem: Problem) -> Decision:
@@ -41,18 +70,26 @@ def _segments(problem: Problem, segment: np.ndarray, name: str) -> Decision:
     and what cannot be recomputed; recompute the rest backward needs from
     those, as a checkpoint around each segment would."""
     start = time.perf_counter()
-    boundary = ~problem.can_recompute | (segment < 0)
-    for i, parents in enumerate(problem.parents):
-        for j in parents:
-            if segment[j] != segment[i]:
-                boundary[j] = True
+    boundary = ~problem.can_recompute | (segment < 0) | _boundary(problem, segment)
     saved = boundary & problem.can_save
-    recomputed = computed_in_backward(problem, saved)
-    # Keep only boundaries backward actually reads, directly or to recompute.
+    return _decision(problem, saved & _read(problem, saved), name, start)
+
+
+def _boundary(problem: Problem, segment: np.ndarray) -> np.ndarray:
+    """Values read by a value of another segment."""
+    boundary = np.zeros(problem.n, dtype=bool)
+    for i, parents in enumerate(problem.parents):
+        boundary[parents[segment[parents] != segment[i]]] = True
+    return boundary
+
+
+def _read(problem: Problem, saved: np.ndarray) -> np.ndarray:
+    """What backward reads under ``saved``, directly or to recompute: saved
+    values outside it are not worth holding."""
     read = problem.needed.copy()
-    for i in np.flatnonzero(recomputed):
+    for i in np.flatnonzero(computed_in_backward(problem, saved)):
         read[problem.parents[i]] = True
-    return _decision(problem, saved & read, name, start)
+    return read
 
 
 def _decision(problem: Problem, saved: np.ndarray, name: str, start: float) -> Decision:

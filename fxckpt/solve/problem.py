@@ -185,6 +185,42 @@ def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     return computed[:n] & ~saved
 
 
+def _blocks(forward, parents) -> np.ndarray:
+    """The repeated block (layer) of every forward value, -1 for none.
+
+    A value's block comes from the module that owns its op (for nodes
+    AOTAutograd adds without a module stack of their own, the module of the
+    forward op they serve). A value with no module at all takes the block its
+    inputs agree on, else the one its users agree on, as it would run inside
+    a checkpoint around that block; graph inputs belong to no block."""
+    n = len(forward)
+    blocks: dict[str, int] = {}
+    block = np.full(n, -1)
+    unowned = []
+    for i, node in enumerate(forward):
+        match = _BLOCK.match(node.owner_module_path)
+        if match:
+            block[i] = blocks.setdefault(match.group(1), len(blocks))
+        elif not node.owner_module_path and not node.is_input:
+            unowned.append(i)
+    users: list[list[int]] = [[] for _ in range(n)]
+    for i, inputs in enumerate(parents):
+        for j in inputs:
+            users[j].append(i)
+    for i in unowned:
+        block[i] = _agreed(block[parents[i]])
+    for i in reversed(unowned):
+        if block[i] < 0:
+            block[i] = _agreed(block[users[i]])
+    return block
+
+
+def _agreed(blocks: np.ndarray) -> int:
+    """The one block ``blocks`` name (ignoring -1), else -1."""
+    found = np.unique(blocks[blocks >= 0])
+    return int(found[0]) if len(found) == 1 else -1
+
+
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
                   bandwidth: float | None = None) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
@@ -207,12 +243,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
     hint_recompute = np.zeros(n, dtype=bool)
     can_offload = np.zeros(n, dtype=bool)
     must_offload = np.zeros(n, dtype=bool)
-    blocks: dict[str, int] = {}
-    block = np.full(n, -1)
+    block = _blocks(forward, parents)
     for i, node in enumerate(forward):
-        match = _BLOCK.match(node.module_path)
-        if match:
-            block[i] = blocks.setdefault(match.group(1), len(blocks))
         owner = profile.nodes[node.storage]
         size[i] = 0.0 if owner.is_static else float(owner.bytes)
         # Values only backward reads run once wherever they run: no extra cost.
