@@ -36,12 +36,12 @@ RUNTIME_OPTIMAL = {
 }
 
 AT_FLOOR = {
-    "chain": dict(floor=196868, saved=["addmm_1", "detach", "primals_5", "relu", "t_1"],
-                  recomputed=["sin", "tanh"]),
+    "chain": dict(floor=196868, saved=["primals_3", "primals_5", "relu", "tanh"],
+                  recomputed=["sin", "t_1"]),
     "diamond": dict(floor=40964, saved=["addmm", "exp", "primals_3", "sin"],
                     recomputed=["cos"]),
-    # per_block's plan (min-cut restricted to views and pointwise ops, as
-    # torch's partitioner): the same floor, at no recompute cost.
+    # chain and attention: per_block's plans (torch's partitioner around
+    # checkpointed blocks) reach the same floor at less recompute cost.
     "attention": dict(floor=91140, saved=["_softmax", "_unsafe_view", "_unsafe_view_1",
                                           "_unsafe_view_2", "_unsafe_view_3", "addmm_1",
                                           "primals_3", "primals_5"],

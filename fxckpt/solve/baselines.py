@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..types import Decision
-from .mincut import runtime_optimal
+from .cut import min_cut
 from .problem import Problem, computed_in_backward, to_decision
 
 
@@ -28,26 +28,31 @@ def recompute_all(problem: Problem) -> Decision:
 
 def per_block(problem: Problem) -> Decision:
     """torch.compile with torch.utils.checkpoint around every repeated block
-    (layer): values inside a block are recomputed from what enters it; what
-    crosses a block boundary is saved; outside the blocks, the runtime-optimal
-    (min-cut) plan decides, as torch's partitioner does there.
+    (layer), as torch's partitioner plans it: every value inside a block is
+    recomputed, except what one block passes to another, which is saved;
+    the values outside the blocks (and what enters a block from them) are
+    left to a minimum cut that may recompute only cheap ops (views,
+    pointwise, nothing random).
 
     Values computed from no input at all (an attention mask built from
     ``ones``) are the same in every block; torch.compile computes them once,
     before the first block, so here they belong to no block either."""
     start = time.perf_counter()
-    segment = np.where(_constant(problem), -1, problem.block)
+    constant = _constant(problem)
+    segment = np.where(constant, -1, problem.block)
     outside = segment < 0
-    boundary = _boundary(problem, segment) & ~outside
+    crossing = np.zeros(problem.n, dtype=bool)
     for i, parents in enumerate(problem.parents):
         if not outside[i]:
-            boundary[parents[outside[parents]]] = True
-    # torch's partitioner recomputes only cheap ops (views, pointwise), never
-    # a random one.
-    cheap = problem.can_recompute & problem.hint_recompute & (problem.replay == 0)
-    mincut = set(runtime_optimal(replace(problem, can_recompute=cheap)).saved)
-    mincut_saved = np.array([name in mincut for name in problem.names], dtype=bool)
-    saved = (boundary | (mincut_saved & outside) | ~problem.can_recompute) & problem.can_save
+            inner = parents[~outside[parents]]
+            crossing[inner[segment[inner] != segment[i]]] = True
+    recompute = ~outside & ~crossing & problem.can_recompute
+    cheap = outside & ~constant & problem.can_recompute & problem.hint_recompute \
+        & (problem.replay == 0)
+    partitioned = replace(problem, can_save=problem.can_save & ~recompute,
+                          can_recompute=recompute | cheap)
+    # Among cuts of equal bytes, recompute no op that costs time.
+    saved = min_cut(partitioned, problem.size, problem.replay + (problem.cost > 0))
     return _decision(problem, saved & _read(problem, saved), "per_block", start)
 
 

@@ -1,0 +1,103 @@
+"""solver="per_block" is torch.compile with torch.utils.checkpoint around each
+repeated block: the same ops recomputed, about the same measured peak, and
+gradients bitwise equal to eager PyTorch."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import fxckpt
+from fxckpt.measure import measure_peak_bytes
+from fxckpt.models import make_model
+
+try:
+    from tests.harness import assert_bitwise_equal, run_step
+    from tests.opcount import OpCounter
+    from tests.zoo import make_hf_gpt2
+except ImportError:  # pragma: no cover
+    from harness import assert_bitwise_equal, run_step
+    from opcount import OpCounter
+    from zoo import make_hf_gpt2
+
+aten = torch.ops.aten
+# Views and aliases move no data; which of two aliases a partitioner keeps is
+# a tie. Every op that computes is compared.
+VIEWS = {aten.view, aten._unsafe_view, aten.unsqueeze, aten.squeeze, aten.expand,
+         aten.t, aten.transpose, aten.permute, aten.reshape, aten.slice, aten.select,
+         aten.alias, aten.detach}
+
+
+def _gpt():
+    return make_model("gpt", size="tiny")
+
+
+def _blocks(model):
+    return next(m for m in model.modules()
+                if isinstance(m, torch.nn.ModuleList) and len(m) > 1)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _step(make, backend, *, per_block_checkpoint=False):
+    """Backward op counts and measured peak of one step (after a warm-up
+    step that compiles)."""
+    torch._dynamo.reset()
+    model, inputs, loss_fn = make()
+    if per_block_checkpoint:
+        for block in _blocks(model):
+            block.forward = functools.partial(_checkpointed, block.forward)
+    compiled = torch.compile(model, backend=backend)
+
+    def step():
+        torch.manual_seed(0)
+        loss_fn(compiled(*inputs)).backward()
+
+    step()
+    with OpCounter(ignore=VIEWS) as counter:
+        torch.manual_seed(0)
+        counter.phase("forward")
+        loss = loss_fn(compiled(*inputs))
+        counter.phase("backward")
+        loss.backward()
+    return Counter(counter.counts["backward"]), measure_peak_bytes(step)
+
+
+@pytest.mark.parametrize("make", [_gpt, make_hf_gpt2], ids=["gpt", "hf_gpt2"])
+def test_per_block_recomputes_what_torch_per_block_checkpoint_does(make, reset_dynamo):
+    torch_ops, torch_peak = _step(make, "aot_eager", per_block_checkpoint=True)
+    ours, peak = _step(make, fxckpt.backend(compiler="eager", solver="per_block"))
+    assert ours == torch_ops
+    assert abs(peak - torch_peak) <= 0.05 * torch_peak, (peak, torch_peak)
+
+
+def test_per_block_saves_no_value_inside_a_block(reset_dynamo):
+    """Transposes and detaches AOTAutograd adds for backward have no module
+    stack of their own; they belong to their op's block and are recomputed."""
+    model, inputs, loss_fn = _gpt()
+    backend = fxckpt.backend(compiler="eager", solver="per_block")
+    loss_fn(torch.compile(model, backend=backend)(*inputs)).backward()
+    saved_ops = {entry.op for plan in backend.plans for entry in plan.entries
+                 if entry.action == "saved"}
+    assert not {op for op in saved_ops
+                if op.startswith(("aten.detach", "aten.transpose", "aten.t."))}
+    # Each block's matmuls run again in backward.
+    recomputed_ops = {entry.op for plan in backend.plans for entry in plan.entries
+                      if entry.action == "recomputed"}
+    assert "aten.addmm.default" in recomputed_ops
+
+
+@pytest.mark.parametrize("solver", ["per_block", "recompute_all"])
+def test_reference_strategies_are_bitwise(solver, reset_dynamo):
+    model, inputs, loss_fn = _gpt()
+    reference = run_step(model, inputs, loss_fn, seed=0)
+    torch._dynamo.reset()
+    model, inputs, loss_fn = _gpt()
+    compiled = torch.compile(model, backend=fxckpt.backend(compiler="eager", solver=solver))
+    assert_bitwise_equal(run_step(compiled, inputs, loss_fn, seed=0), reference)
