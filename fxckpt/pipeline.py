@@ -61,6 +61,7 @@ class Planner:
         """Profile and tag the joint graph; return them with the function
         that rewrites it by a Decision and simulates the result."""
         static = set(static_indices or ()) | set(range(self.num_lifted_params))
+        joint = deduplicated(joint)
         profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
                                       static_input_indices=static)
         tags = tag_forward_values(joint, profile, policy=self.node_policy)
@@ -226,3 +227,16 @@ def _nbytes(val) -> int:
         return int(val.untyped_storage().nbytes())
     except AttributeError:
         return 0
+
+
+def deduplicated(joint: fx.GraphModule) -> fx.GraphModule:
+    """The joint graph with repeated identical computations merged, as torch's
+    partitioner does before it plans (a causal mask each layer rebuilds from
+    the same inputs is one value, not one per layer). Random and mutating
+    ops are never merged, so values are unchanged."""
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    graph = fx_graph_cse(joint.graph)
+    if len(graph.nodes) == len(joint.graph.nodes):
+        return joint
+    return fx.GraphModule(joint, graph)

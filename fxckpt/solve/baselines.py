@@ -22,7 +22,10 @@ def save_all(problem: Problem) -> Decision:
 
 
 def recompute_all(problem: Problem) -> Decision:
-    """Save only what cannot be recomputed; recompute everything else."""
+    """Checkpoint the whole model once: save only what cannot be recomputed
+    (the inputs), recompute everything else backward needs. Backward's
+    recomputes run just in time rather than as one replay of the forward, so
+    its peak is not necessarily below per_block's or even save_all's."""
     return _segments(problem, np.zeros(problem.n, dtype=np.int64), "recompute_all")
 
 
