@@ -39,6 +39,8 @@ _MAX_TARGETS = 16
 # proportion to the graph: large graphs get fewer targets.
 _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
+# Solves spent aiming just under the lowest peak found.
+_FLOOR_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,24 @@ def pareto_frontier(problem: Problem, evaluate, solver: str, runtime_optimal
         lowest = min(lowest, found[-1].peak)
         if stalls >= _STALLS_BEFORE_STOP:
             break
+    found += _below_lowest(solved, min(c.peak for c in found))
     return _non_dominated(found)
+
+
+def _below_lowest(solved, lowest: int) -> list[Candidate]:
+    """Plans aimed just under the lowest peak found, until none is lower: the
+    geometric targets step over floors between them, and the floor
+    BudgetError names must be the lowest the strategy can reach."""
+    found: list[Candidate] = []
+    for _ in range(_FLOOR_STEPS):
+        try:
+            found.append(solved(float(lowest - 1)))
+        except Infeasible:
+            break
+        if found[-1].peak >= lowest:
+            break
+        lowest = found[-1].peak
+    return found
 
 
 def _non_dominated(found: list[Candidate]) -> list[Candidate]:

@@ -1,0 +1,63 @@
+"""The floor BudgetError reports is no higher than any reference strategy's
+peak, and asking for it succeeds. Checked on random graphs, with the proxy as
+the exact memory model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fxckpt.errors import BudgetError
+from fxckpt.solve import BASELINES
+from fxckpt.solve.budgeted import solve_budgeted
+from fxckpt.solve.mincut import runtime_optimal
+from fxckpt.solve.problem import build_problem
+
+try:
+    from tests.random_graphs import random_profile
+except ImportError:  # pragma: no cover
+    from random_graphs import random_profile
+
+SETTINGS = settings(max_examples=20, deadline=None)
+seeds = st.integers(min_value=0, max_value=10_000)
+
+
+def _masks(problem, decision):
+    return (np.array([n in decision.saved for n in problem.names]),
+            np.array([n in decision.recomputed for n in problem.names]))
+
+
+def _evaluate(problem):
+    def evaluate(decision):
+        peak = problem.peak(*_masks(problem, decision))
+        return None, SimpleNamespace(peak_bytes=int(np.ceil(peak)), peak_at="x")
+    return evaluate
+
+
+def _floor(problem, solver):
+    evaluate = _evaluate(problem)
+    optimal = runtime_optimal(problem)
+    runtime = (optimal, *evaluate(optimal))
+    try:
+        solve_budgeted(problem, evaluate, 1, solver, runtime_optimal=runtime)
+    except BudgetError as refused:
+        _, _, timeline = solve_budgeted(problem, evaluate, refused.floor_bytes, solver,
+                                        runtime_optimal=runtime)
+        assert timeline.peak_bytes <= refused.floor_bytes
+        return refused.floor_bytes
+    return 1
+
+
+@SETTINGS
+@given(seeds, st.sampled_from(["ilp", "fast"]))
+def test_floor_is_at_most_every_reference_strategy(seed, solver):
+    profile, tags = random_profile(seed)
+    problem = build_problem(profile, tags)
+    floor = _floor(problem, solver)
+    evaluate = _evaluate(problem)
+    for name, strategy in BASELINES.items():
+        peak = evaluate(strategy(problem))[1].peak_bytes
+        assert floor <= peak, (name, floor, peak)
