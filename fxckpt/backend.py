@@ -7,11 +7,11 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from .capture import compile_planned
-from .errors import BudgetError, FxckptError, surface_through_dynamo
-from .options import Budget, Options, format_bytes
-from .pipeline import Planner
-from .types import Plan
+from fxckpt.capture import compile_planned
+from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
+from fxckpt.options import Budget, Options, format_bytes
+from fxckpt.pipeline import Planner
+from fxckpt.plan import Plan
 
 
 class Backend:
@@ -23,24 +23,25 @@ class Backend:
     other than this backend's graphs (eager fallback regions) hold for
     backward so far; a byte budget is shared with them. ``on_graph``
     (optional) is called with each graph Dynamo hands over and the plans
-    made for it.
+    made for it. ``compile_fn`` (optional) hands a graph and its Planner to
+    AOTAutograd and a compiler; by default ``capture.compile_planned``.
     """
 
-    def __init__(self, options: Options, *, node_policy=None,
+    def __init__(self, options: Options, *,
+                 compile_fn: Callable[[fx.GraphModule, list[Any], Planner], Any] = compile_planned,
                  reserved_bytes: Callable[[], int] | None = None,
                  on_graph: Callable[[fx.GraphModule, list[Plan]], Any] | None = None) -> None:
         self.options = options
-        self.node_policy = node_policy
         self.reserved_bytes = reserved_bytes
         self.on_graph = on_graph
+        self.compile_fn = compile_fn
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         try:
-            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append,
-                              node_policy=self.node_policy)
-            compiled = compile_planned(gm, example_inputs, planner)
+            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append)
+            compiled = self.compile_fn(gm, example_inputs, planner)
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
         if not planner.plans:
@@ -106,7 +107,7 @@ def backend(*, budget=None, policy=None, compiler: str = "inductor",
     """
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
-    return Backend(options, node_policy=_node_policy(options.policy))
+    return Backend(options)
 
 
 def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, **_):
@@ -115,13 +116,5 @@ def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = No
 
 
 def _from_mapping(options: dict | None) -> Backend:
-    resolved = Options.from_mapping(options)
-    return Backend(resolved, node_policy=_node_policy(resolved.policy))
+    return Backend(Options.from_mapping(options))
 
-
-def _node_policy(policy):
-    if policy is None:
-        return None
-    from .policies import resolve_policy
-
-    return resolve_policy(policy)

@@ -18,7 +18,7 @@ What the backend is given on each rank (torch 2.13):
 
 So neither puts a collective in a graph fxckpt plans. Where user code does
 (functional collectives), the collective's value is saved, never recomputed
-(``passes/ops.py``), and a policy that demands its recomputation is an error.
+(``fxckpt/ops.py``), and a policy that demands its recomputation is an error.
 
 ``check_plans_agree`` compares plan fingerprints across ranks; ``GraphRuns``
 counts how often each compiled graph runs in a step, so what the step holds can
@@ -34,9 +34,9 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import BudgetError, FxckptError
-from .options import format_bytes
-from .types import Plan
+from fxckpt.errors import BudgetError, FxckptError
+from fxckpt.options import format_bytes
+from fxckpt.plan import Plan
 
 
 def plans_fingerprint(plans: Sequence[Plan]) -> str:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.fx as fx
 
-from .backend import Backend, _node_policy
-from .errors import FxckptError
-from .options import Options
-from .types import Plan
+from fxckpt.backend import Backend
+from fxckpt.capture import capture_once
+from fxckpt.errors import FxckptError
+from fxckpt.options import Options
+from fxckpt.plan import Plan, merge_plans
 
 
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,
@@ -20,7 +19,7 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
     Dynamo on a copy (its buffers and your RNG are left untouched), which runs
     one forward on the example inputs."""
     if isinstance(model_or_gm, fx.GraphModule):
-        from .transform import transform
+        from fxckpt.transform import transform
 
         plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
                          compiler="eager", solver=solver,
@@ -33,13 +32,8 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
                         f"{type(model_or_gm).__name__}")
     options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver,
                              offload_bandwidth=offload_bandwidth)
-    be = Backend(options, node_policy=_node_policy(options.policy))
-    model = copy.deepcopy(model_or_gm) if isinstance(model_or_gm, torch.nn.Module) \
-        else model_or_gm
-    torch._dynamo.reset()
-    with torch.random.fork_rng(devices=_devices(example_inputs)):
-        torch.compile(model, backend=be)(*example_inputs)
-    torch._dynamo.reset()
+    be = Backend(options)
+    capture_once(model_or_gm, example_inputs, be)
     if not be.plans:
         if be.graphs_without_backward:
             raise FxckptError(_NO_GRAD)
@@ -48,16 +42,9 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
             "run with TORCH_LOGS=graph_breaks to see why")
     if len(be.plans) == 1:
         return be.plans[0]
-    from .merge import merge_plans
-
     return merge_plans(be.plans)
 
 
 _NO_GRAD = ("nothing requires grad (no parameter or input has requires_grad=True, or "
             "grad mode is off), so there is no backward and nothing to checkpoint")
 
-
-def _devices(example_inputs):
-    return sorted({t.device for t in example_inputs
-                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"},
-                  key=str)

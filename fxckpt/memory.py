@@ -19,7 +19,8 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import offload as _registers_offload_ops  # noqa: F401
+from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
+from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
 # What fxckpt::offload returns lives in host memory, never on the device (on
 # a CPU stand-in device too, where tests let host values "offload").
@@ -48,14 +49,14 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str
     parts: dict[str, int] = {}
     largest = max(walk.live.items(), key=lambda kv: kv[1], default=(None, 0))
     for ref, nbytes in walk.live.items():
-        producer = walk.producer.get(ref, "")
+        phase, producer = split_point(walk.producer.get(ref, "forward:"))
         if ref in grads:
             kind = "gradients"
-        elif ref in saved and not producer.startswith("backward:"):
+        elif ref in saved and phase != BACKWARD:
             kind = "saved activations"
-        elif producer.endswith("_recomputed"):
+        elif is_recomputed_name(producer):
             kind = "recomputed values"
-        elif producer.startswith("backward:"):
+        elif phase == BACKWARD:
             kind = "backward temporaries"
         else:
             kind = "forward temporaries"
@@ -94,7 +95,7 @@ class _Walk:
         for ref, nbytes in _storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
-                self.producer[ref] = f"{phase}:{node.name}"
+                self.producer[ref] = point(phase, node.name)
 
     def run(self, graph: fx.Graph, phase: str, *, keep: set) -> None:
         frees: dict[int, list[StorageWeakRef]] = {}
@@ -106,8 +107,8 @@ class _Walk:
             self.allocate(node, phase)
             total = sum(self.live.values()) + workspace_bytes(node)
             if total > self.peak:
-                self.peak, self.peak_at = total, f"{phase}:{node.name}"
-            if self.stop_at == f"{phase}:{node.name}":
+                self.peak, self.peak_at = total, point(phase, node.name)
+            if self.stop_at == point(phase, node.name):
                 self.stopped = True
                 return
             for ref in frees.get(index, ()):
@@ -153,6 +154,15 @@ _WORKSPACE = {
 
 def _nbytes(node) -> int:
     return tensor_bytes(node.meta.get("val")) if isinstance(node, fx.Node) else 0
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """What identifies the storage a tensor lives in (views share it), while
+    it is alive; None for tensors without one (sparse, some subclasses)."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def tensor_bytes(val) -> int:

@@ -6,6 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fxckpt.policies.api import PolicyFactory
+from fxckpt.policies.resolve import resolve_policy
+
 COMPILERS = ("inductor", "eager")
 OPTION_NAMES = ("budget", "policy", "compiler", "solver", "offload_bandwidth")
 SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all", "per_block", "sqrt_n")
@@ -104,7 +107,9 @@ class Options:
     """Everything a user can set; built once, passed to every stage that needs it."""
 
     budget: Budget | None = None
-    policy: Any = None
+    # What ``policy=`` asked for, resolved once (fxckpt.policies.resolve);
+    # None: no policy, the planner's defaults.
+    policy: PolicyFactory | None = None
     compiler: str = "inductor"
     solver: str = "auto"
     # Bytes per second one way between device and pinned host memory, which
@@ -122,7 +127,7 @@ class Options:
                 "debugging and bitwise checks)")
         if solver not in SOLVERS:
             raise ValueError(f"solver={solver!r} is not known; choose one of {SOLVERS}")
-        return Options(budget=parse_budget(budget), policy=policy,
+        return Options(budget=parse_budget(budget), policy=resolve_policy(policy),
                        compiler=compiler, solver=solver,
                        offload_bandwidth=parse_bandwidth(offload_bandwidth))
 

@@ -17,8 +17,7 @@ import fxckpt
 from fxckpt import policies as pol
 from fxckpt.errors import PolicyError
 from fxckpt.naming import names_of
-from fxckpt.passes import tag as tag_stage
-from fxckpt.policy_api import OpCall, finish
+from fxckpt.policies.api import OpCall, finish
 
 try:
     from tests.harness import assert_bitwise_equal, fresh, run_step
@@ -367,7 +366,7 @@ def test_a_named_value_survives_inductor():
 # -- the tag stage follows the answers ---------------------------------------
 
 def test_offload_is_followed_as_save_with_the_policy_in_the_reason(monkeypatch):
-    monkeypatch.setattr(tag_stage, "_offload_warned", False)
+    monkeypatch.setattr(fxckpt.errors, "_warned", set())
     model, (x,) = _two_layer()
     ref = run_step(model, (x,), _loss)
     model, _ = _two_layer()

@@ -9,8 +9,8 @@ import math
 import time
 import numpy as np
 
-from ..types import Decision
-from .problem import Problem, computed_in_backward, to_decision
+from fxckpt.types import Decision
+from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 
 def save_all(problem: Problem) -> Decision:

@@ -31,7 +31,6 @@ by the function, which makes new tensors each time it runs.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -43,27 +42,25 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .eager_ops import (OpKind, TensorMeta, alias, copy, describe_meta, op_kind,
-                        run_on_copies, storage_key, tensor_leaves, tensor_metas,
-                        written_tensors)
-from .eager_state import ModuleScope, RngSnapshot, format_where, user_frame
-from .errors import FxckptError, PolicyError
-from .naming import names_of
-from .policy_api import Decider, OpCall, finish
+from fxckpt.eager.tensors import (TensorMeta, alias, copy, describe_meta, run_on_copies,
+                                  tensor_leaves, tensor_metas, written_tensors)
+from fxckpt.eager.state import ModuleScope, RngSnapshot, format_where, user_frame
+from fxckpt.errors import FxckptError, warn_once
+from fxckpt.memory import storage_key
+from fxckpt.naming import names_of
+from fxckpt.ops import OpKind, op_kind
+from fxckpt.policies.api import Decider, OpCall, check_answer, finish
 
 _SAVE = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE,
                    # Offloading is not implemented on the eager path: kept in place.
                    CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
 
 _OFFLOAD = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
-_offload_warned = False
 
 
 def _warn_offload_kept(func) -> None:
-    global _offload_warned
-    if not _offload_warned:
-        _offload_warned = True
-        warnings.warn(
+    warn_once(
+            "offload in fxckpt.checkpoint",
             f"the policy asks to offload {func} to CPU memory, but fxckpt.checkpoint "
             "(the eager path, and graph-break fallback regions) does not offload: the "
             "value is saved where it is. Compile the region (fxckpt.backend) to offload.",
@@ -258,13 +255,8 @@ class Recorder(TorchDispatchMode):
                       value_names=tuple(n for t in tensor_leaves(op.out) for n in names_of(t)),
                       output=op.out,
                       inputs=self._producers_of(op.args, op.kwargs))
-        answer = self.decide(call)
-        if answer is not None and not isinstance(answer, CheckpointPolicy):
-            raise PolicyError(
-                f"the policy answered {answer!r} for op #{index} ({op.func}) "
-                f"[{call.source}]; a policy must answer a "
-                "torch.utils.checkpoint.CheckpointPolicy or None.")
-        return answer
+        return check_answer(self.decide(call),
+                            what=f"op #{index} ({op.func}) [{call.source}]")
 
     def _producers_of(self, args, kwargs) -> tuple[str, ...]:
         names = (self.producers.get(t) for t in tensor_leaves(args))
@@ -274,7 +266,7 @@ class Recorder(TorchDispatchMode):
         return tuple(n for n in names if n is not None)
 
     def _revise(self) -> None:
-        """Apply the policy's revised answers (``policy_api.finish``) that
+        """Apply the policy's revised answers (``policies.api.finish``) that
         drop a saved output; one that asks to save an op whose output is gone
         cannot be followed, and the first answer is safe."""
         if self.decide is None:

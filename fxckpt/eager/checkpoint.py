@@ -30,11 +30,11 @@ import torch
 from torch._C._autograd import SavedTensor, _make_saved_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .eager_modes import OpLog, Recorder, RecomputeMismatchError, Replayer
-from .eager_ops import TensorMeta, describe_meta
-from .eager_state import ModuleScope, RecomputeState
-from .errors import FxckptError
-from .policies import resolve_policy
+from fxckpt.eager.modes import OpLog, Recorder, RecomputeMismatchError, Replayer
+from fxckpt.eager.tensors import TensorMeta, describe_meta
+from fxckpt.eager.state import ModuleScope, RecomputeState
+from fxckpt.errors import FxckptError
+from fxckpt.policies.resolve import resolve_policy
 
 __all__ = ["checkpoint", "RecomputeMismatchError"]
 
