@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -9,15 +11,20 @@ import torch.fx as fx
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
+from fxckpt.ledger import GraphRunner, LedgerEntry, StepLedger, compile_key, weak
+from fxckpt.memory import at_sizes
+from fxckpt.sizes import SizeCheck, SizesSeen
 from fxckpt.options import Budget, Options, format_bytes
 from fxckpt.pipeline import Planner
 from fxckpt.plan import Plan
 
 
 class Backend:
-    """A dynamo backend that checkpoints every graph it is given.
+    """A dynamo backend that checkpoints every graph it is given, within one
+    budget for the whole training step (fxckpt/ledger.py).
 
-    ``plans`` holds one Plan per graph compiled with a backward, in order.
+    ``plans`` holds one Plan per graph compiled with a backward, in order
+    (re-plans replace theirs in ``ledger``, and are appended here too).
 
     ``reserved_bytes`` (optional) returns the bytes that pieces of the step
     other than this backend's graphs (eager fallback regions) hold for
@@ -37,54 +44,117 @@ class Backend:
         self.compile_fn = compile_fn
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0
+        self.ledger = StepLedger()
+        self.replans = 0              # graphs re-planned once the step's runs were seen
+        self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
+        self._sizes = SizesSeen()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+        frame, compile = compile_key(gm)
+        source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
+        runner = GraphRunner(None, self.ledger, self._on_new_step)
+        sizes = self._sizes.plan_at(frame, gm)
         try:
-            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append)
-            compiled = self.compile_fn(gm, example_inputs, planner)
+            options = self._options_for(frame, compile)
+            planner = Planner(options, on_plan=self.plans.append)
+            with at_sizes(sizes):
+                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
         if not planner.plans:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
+        entry = LedgerEntry(frame, compile, planner.plans[-1] if planner.plans else None,
+                            weak(runner))
+        runner.entry = entry
+        self.ledger.add(entry)
+        if entry.plan is not None and options.budget is not None \
+                and options.budget.bytes is not None and SizeCheck.needed(gm):
+            check = SizeCheck(gm, planner.graphs[-1], budget=options.budget.bytes,
+                              planned_peak=entry.plan.peak_bytes)
+            runner.size_check = lambda args: self._check_sizes(check, args)
+        if source is not None and entry.plan is not None:
+            self._sources[id(entry)] = source
         if self.on_graph is not None:
             self.on_graph(gm, list(planner.plans))
-        return compiled
+        return runner
 
-    def _options_for_next_graph(self) -> Options:
-        """Split a byte budget across the graphs of one step (graph breaks).
-
-        Graphs compile in the order their forwards run. While graph k runs,
-        forward or backward, the activations graphs 1..k-1 saved are still
-        held; graphs after k have either not run yet (forward) or already
-        freed theirs (backward). So the step's peak is the largest, over k, of
-        graph k's own peak plus what the earlier graphs saved, and graph k is
-        given the budget minus those saved bytes. A fraction budget is read per
-        graph, as a fraction of that graph's runtime-optimal peak.
-
-        Eager fallback regions (``reserved_bytes``) count like earlier graphs:
-        what they hold is measured as they run, before the graphs after them
-        compile."""
+    def _byte_budget(self) -> int | None:
         budget = self.options.budget
-        if budget is None or budget.bytes is None:
+        return budget.bytes if budget is not None else None
+
+    def _options_for(self, frame: int, compile: int, *, runs: int = 1) -> Options:
+        """The options for one graph: a byte budget less what the rest of the
+        step holds while it runs (the ledger's graphs and the eager fallback
+        regions). A fraction budget is read per graph: 0 its floor, 1 its
+        runtime-optimal peak."""
+        budget = self._byte_budget()
+        if budget is None:
             return self.options
-        held_by_graphs = sum(plan.saved_bytes for plan in self.plans)
+        held_by_graphs = self.ledger.held_before(frame, compile)
         held_elsewhere = self.reserved_bytes() if self.reserved_bytes is not None else 0
         held = held_by_graphs + held_elsewhere
-        if held == 0:
-            return self.options
-        remaining = budget.bytes - held
+        remaining = budget - held
         if remaining <= 0:
-            holders = [f"the {format_bytes(held_by_graphs)} that the {len(self.plans)} "
-                       "graph(s) before this one"] if self.plans else []
+            holders = [f"the {format_bytes(held_by_graphs)} that the graphs running "
+                       "before this one"] if held_by_graphs else []
             if held_elsewhere:
                 holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback regions")
             raise BudgetError(
-                f"the budget of {format_bytes(budget.bytes)} is used up by "
+                f"the budget of {format_bytes(budget)} is used up by "
                 f"{' and '.join(holders)} save for backward; raise the budget",
                 floor_bytes=held + 1)
-        return replace(self.options, budget=Budget(bytes=remaining))
+        return replace(self.options, budget=Budget(bytes=remaining), runs_per_step=runs)
+
+    def _on_new_step(self) -> None:
+        """A step ended: if its graphs, run as often as they were, hold more
+        than the budget allows, re-plan each once, in run order."""
+        budget = self._byte_budget()
+        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        predicted = self.ledger.step_peak() + reserved
+        if budget is None or self.ledger.steps != 1 or predicted <= budget:
+            return
+        runs = {e.runs for e in self.ledger.run_order()}
+        warnings.warn(
+            f"fxckpt: the first training step was predicted to peak at "
+            f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}: its graphs "
+            f"ran {', '.join(map(str, sorted(runs)))} time(s) each, which their plans could "
+            "not know; re-planning them once for the steps after it (see each plan's notes)",
+            stacklevel=2)
+        self.replan()
+
+    def _check_sizes(self, check: SizeCheck, args) -> None:
+        """A dynamic-shape graph about to run at sizes where its plan would
+        exceed its share of the budget: refuse before it runs."""
+        over = check.over_budget(args)
+        if over is not None:
+            raise check.refusal(*over)
+
+    def replan(self) -> None:
+        """Plan every graph of the last step again, in the order they ran,
+        each for the budget less what the graphs before it hold, counting
+        a graph that runs r times as holding r copies of what it saves."""
+        budget = self._byte_budget()
+        held = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        for entry in self.ledger.run_order():
+            gm, example_inputs = self._sources[id(entry)]
+            if budget - held <= 0:
+                raise BudgetError(
+                    f"the budget of {format_bytes(budget)} is used up before a graph "
+                    f"that runs {entry.runs} time(s) per step: the graphs before it hold "
+                    f"{format_bytes(held)}; raise the budget", floor_bytes=held + 1)
+            options = replace(self.options, budget=Budget(bytes=budget - held),
+                              runs_per_step=entry.runs)
+            planner = Planner(options, on_plan=self.plans.append)
+            compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
+            plan = planner.plans[-1]
+            entry.plan = replace(plan, notes=plan.notes + (
+                f"re-planned after the first step: runs {entry.runs} time(s) per step; "
+                f"the graphs before it hold {format_bytes(held)}",))
+            entry.runner().set_compiled(compiled)
+            held += entry.plan.saved_bytes * entry.runs
+            self.replans += 1
 
     def __repr__(self) -> str:
         o = self.options
@@ -111,10 +181,36 @@ def backend(*, budget=None, policy=None, compiler: str = "inductor",
 
 
 def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, **_):
-    """Entry point for ``torch.compile(model, backend="fxckpt", options={...})``."""
-    return _from_mapping(options)(gm, example_inputs)
+    """Entry point for ``torch.compile(model, backend="fxckpt", options={...})``.
+
+    Dynamo calls it once per graph with the ``options`` mapping of that
+    ``torch.compile`` call; the graphs of one call share one Backend, and so
+    one budget for the step."""
+    return _backend_for(options)(gm, example_inputs)
 
 
-def _from_mapping(options: dict | None) -> Backend:
-    return Backend(Options.from_mapping(options))
+# One Backend per torch.compile call with options, keyed by the options
+# mapping that call passes with every graph (kept, so its id stays its own).
+_by_options: dict[int, tuple[dict | None, Backend]] = {}
 
+
+def _backend_for(options: dict | None) -> Backend:
+    kept = _by_options.get(id(options))
+    if kept is None or kept[0] is not options:
+        kept = (options, Backend(Options.from_mapping(options)))
+        _by_options[id(options)] = kept
+    return kept[1]
+
+
+def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a Dynamo graph to plan again later, with what AOTAutograd
+    reads off Dynamo's graphs to tell parameters from activations (the
+    inputs' sources), which a deep copy of the graph leaves behind."""
+    copied = copy.deepcopy(gm)
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"),
+                        copied.graph.find_nodes(op="placeholder")):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
+    if hasattr(gm, "_param_name_to_source"):
+        copied._param_name_to_source = gm._param_name_to_source
+    return copied

@@ -62,13 +62,13 @@ class _InductorPartitioner(CustomPartitionerFn):
 def capture_once(model, example_inputs, backend: Callable) -> None:
     """Run one forward of ``model`` (a copy of it, when it is an nn.Module:
     its buffers stay untouched) under ``backend`` with the caller's RNG
-    state left as it was, so the backend sees the graphs training would."""
+    state left as it was, so the backend sees the graphs training would.
+    Other compiled models in the process are left as they were."""
     target = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     devices = sorted({t.device for t in example_inputs
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"}, key=str)
-    torch._dynamo.reset()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.compile(target, backend=backend)(*example_inputs)
-    finally:
-        torch._dynamo.reset()
+    # Its own recompile region: the entries compiled here neither replace
+    # nor count against those of models compiled elsewhere in the process
+    # (no global reset), and a different backend never reuses theirs.
+    with torch.random.fork_rng(devices=devices):
+        torch.compile(target, backend=backend, isolate_recompiles=True)(*example_inputs)

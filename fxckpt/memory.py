@@ -11,6 +11,8 @@ measurement taken above the memory in use when the step starts.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -205,10 +207,32 @@ def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
 
 
 def concrete(x) -> int:
-    """An int from a size that may be symbolic (its hint; 0 when it has none)."""
+    """An int from a size that may be symbolic: under ``at_sizes`` its value
+    at those sizes, else its hint (0 when it has none)."""
     if isinstance(x, torch.SymInt):
+        bindings = _sizes.get()
+        if bindings:
+            env = x.node.shape_env
+            known = {**(getattr(env, "backed_var_to_val", None) or env.var_to_val), **bindings}
+            value = x.node.expr
+            value = value.xreplace(known) if hasattr(value, "xreplace") else value
+            if isinstance(value, int) or value.is_number:
+                return int(value)
         return int(x.node.hint or 0)
     return int(x)
+
+
+_sizes: contextvars.ContextVar[dict | None] = contextvars.ContextVar("sizes", default=None)
+
+
+@contextlib.contextmanager
+def at_sizes(bindings: dict):
+    """Read symbolic sizes at ``bindings`` (sympy symbol -> int) inside."""
+    token = _sizes.set(bindings)
+    try:
+        yield
+    finally:
+        _sizes.reset(token)
 
 
 def _last_uses(graph: fx.Graph) -> dict[StorageWeakRef, int]:

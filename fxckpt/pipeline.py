@@ -20,7 +20,7 @@ from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite
 from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
-from fxckpt.plan import Plan, make_plan
+from fxckpt.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
 from fxckpt.solve.frontier import Evaluate, NoPlanFits, pareto_frontier, solve_budgeted
 from fxckpt.solve.problem import build_problem
@@ -45,6 +45,9 @@ class Planner:
         # caller says how many there are.
         self.num_lifted_params = num_lifted_params
         self.plans: list[Plan] = []
+        # The planned forward and backward graphs of each plan, for the
+        # memory model to read again at other (dynamic) sizes.
+        self.graphs: list[tuple[fx.Graph, fx.Graph]] = []
         self.on_plan = on_plan
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
@@ -55,6 +58,7 @@ class Planner:
         decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
         plan = self._finish(profile, tags, decision, rewritten, timeline, start=start)
         self.plans.append(plan)
+        self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
         if self.on_plan is not None:
             self.on_plan(plan)
         return rewritten.forward, rewritten.backward
@@ -154,18 +158,42 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         rewritten, timeline = evaluate(decision)
         return _within_budget(decision, rewritten, timeline, options)
     optimal = runtime_optimal(problem)
-    rewritten, timeline = evaluate(optimal)
     if options.budget is None:
-        return optimal, rewritten, timeline
+        return (optimal, *evaluate(optimal))
+    if options.runs_per_step > 1:
+        evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
+    rewritten, timeline = evaluate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
-    budget = options.budget.resolve(timeline.peak_bytes)
+    frontier = pareto_frontier(problem, evaluate, options.solver,
+                               (optimal, rewritten, timeline))
+    budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     try:
-        return solve_budgeted(problem, evaluate, budget, options.solver,
-                              runtime_optimal=(optimal, rewritten, timeline))
+        decision, rewritten, timeline = solve_budgeted(
+            problem, evaluate, budget, options.solver,
+            runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
-        raise _budget_error(no_fit) from None
+        raise _budget_error(no_fit, options.runs_per_step) from None
+    return decision, rewritten, getattr(timeline, "graph", timeline)
+
+
+@dataclass(frozen=True)
+class _StepTimeline:
+    """A graph run ``runs`` times per step, as a budget sees it: its peak
+    plus the saved bytes of its other runs, still held while it runs last."""
+
+    peak_bytes: int
+    peak_at: str
+    graph: Any            # the graph's own memory.MemoryTimeline
+
+
+def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
+    def evaluate_step(decision: Decision):
+        rewritten, timeline = evaluate(decision)
+        extra = (runs - 1) * saved_bytes_of(profile, decision, rewritten)
+        return rewritten, _StepTimeline(timeline.peak_bytes + extra, timeline.peak_at, timeline)
+    return evaluate_step
 
 
 def _within_budget(decision, rewritten, timeline, options):
@@ -180,13 +208,16 @@ def _within_budget(decision, rewritten, timeline, options):
     return replace(decision, budget_bytes=budget), rewritten, timeline
 
 
-def _budget_error(no_fit: NoPlanFits) -> BudgetError:
+def _budget_error(no_fit: NoPlanFits, runs: int = 1) -> BudgetError:
     floor, budget = no_fit.floor, no_fit.budget
     runtime_optimal_peak = no_fit.runtime_optimal_peak
-    what = dominated_by(floor.rewritten, floor.timeline) if floor.rewritten is not None \
+    graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
+    what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
         else "values the memory model could not break down"
+    where = "this graph" if runs == 1 else \
+        f"this graph, which runs {runs} times per step (its other runs' saved values count)"
     return BudgetError(
-        f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
+        f"no plan fits a budget of {format_bytes(budget)} for {where}: the smallest "
         f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
         f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
         f"floor the peak is at {floor.timeline.peak_at}, made of {what}. Raise the "

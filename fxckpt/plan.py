@@ -119,7 +119,6 @@ class Plan:
 def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewritten,
               timeline, *, budget_bytes: int | None, graph_id: int,
               seconds: float) -> Plan:
-    state_bytes = sum(rewritten.rng_state_bytes.values())
     saved = tuple(sorted(decision.saved, key=list(profile.nodes).index))
     # Of the forward values backward computes, those forward also ran are
     # recomputed; the rest (say a cos only sin's gradient reads) run once,
@@ -145,7 +144,7 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         saved=saved + tuple(rewritten.rng_states),
         recomputed=recomputed,
         deferred=deferred,
-        saved_bytes=profile.storage_bytes(decision.saved - decision.offloaded) + state_bytes,
+        saved_bytes=saved_bytes_of(profile, decision, rewritten),
         offloaded=tuple(n for n in saved if n in decision.offloaded),
         offloaded_bytes=profile.storage_bytes(decision.offloaded),
         offload_seconds=_transfer_seconds(profile.storage_bytes(decision.offloaded),
@@ -166,6 +165,13 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         timeline=timeline,
         plan_seconds=seconds,
     )
+
+
+def saved_bytes_of(profile: Profile, decision: Decision, rewritten) -> int:
+    """Activation bytes a plan holds between forward and backward: the saved
+    values kept on the device and the generator states random ops replay."""
+    return (profile.storage_bytes(decision.saved - decision.offloaded)
+            + sum(rewritten.rng_state_bytes.values()))
 
 
 def _entry(profile: Profile, tags: dict[str, Tag], name: str, action: Action) -> PlanEntry:

@@ -445,9 +445,13 @@ def test_a_budget_overrides_prefer_but_never_must():
     assert be.plans[0].recomputed
     assert any("PREFER_SAVE overridden" in note for note in be.plans[0].overrides)
 
+    # A fraction is always feasible (0 is the floor); a byte budget below what
+    # must(save_all()) peaks at is not.
     torch._dynamo.reset()
     model, _, _ = fresh(ZOO["gpt"])
-    be = fxckpt.backend(compiler="eager", policy=pol.must(pol.save_all()), budget=0.9)
+    peak = fxckpt.explain(model, *inputs, policy=pol.must(pol.save_all())).peak_bytes
+    be = fxckpt.backend(compiler="eager", policy=pol.must(pol.save_all()),
+                        budget=int(0.9 * peak))
     with pytest.raises(Exception) as raised:
         run_step(torch.compile(model, backend=be), inputs, loss_fn)
     assert isinstance(_root_cause(raised.value), fxckpt.BudgetError)

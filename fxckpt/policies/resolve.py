@@ -28,6 +28,9 @@ def resolve_policy(user_policy) -> PolicyFactory | None:
     """What a user passes as ``policy=`` -> a factory of per-graph deciders."""
     if user_policy is None:
         return None
+    if isinstance(user_policy, type) and issubclass(user_policy, Policy):
+        raise TypeError(f"policy={user_policy.__name__} is the policy class, not a policy: "
+                        f"call it, policy={user_policy.__name__}(...)")
     if isinstance(user_policy, Policy):
         return _Resolved(user_policy)
     if hasattr(user_policy, "for_graph"):

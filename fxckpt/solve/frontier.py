@@ -77,11 +77,12 @@ class Candidate:
 
 
 def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: str, *,
-                   runtime_optimal):
+                   runtime_optimal, frontier: list[Candidate] | None = None):
     """``runtime_optimal`` is (decision, rewritten, timeline) of the plan
-    without a budget."""
+    without a budget; ``frontier``, when the caller has built it already."""
     start = time.perf_counter()
-    frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
+    if frontier is None:
+        frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
     seconds = time.perf_counter() - start
     fitting = [c for c in frontier if c.peak <= budget]
     if not fitting:
