@@ -168,8 +168,10 @@ def backend(*, budget=None, policy=None, compiler: str = "inductor",
             solver: str = "auto", offload_bandwidth=None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 
-    ``budget``: bytes (int), a string such as "512MiB", or a float in (0, 1]
-    read as a fraction of the runtime-optimal plan's peak; None for the
+    ``budget``: bytes (int) or a string such as "512MiB", for the whole
+    training step (fxckpt/ledger.py); or a fraction in [0, 1] (a float, or a
+    string such as "0.5" or "50%") read as torch's activation_memory_budget:
+    0 the floor, 1 the runtime-optimal plan's peak. None for the
     runtime-optimal plan. ``compiler``: "inductor" or "eager".
     ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
     between device and pinned host memory, the price of CPU offload under a

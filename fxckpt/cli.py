@@ -26,7 +26,7 @@ def add_demo(subparsers) -> None:
                              "is not timed (default: 5)")
     parser.add_argument("--budget", default=None,
                         help="budget of run (c): bytes, a size such as 12MiB, or a "
-                             "fraction of the runtime-optimal plan's peak "
+                             "fraction 0..1 (0 the floor, 1 the runtime-optimal peak) "
                              "(default: the smallest budget fxckpt can meet)")
     parser.add_argument("--show-plans", action="store_true",
                         help="print fxckpt's plan for each compiled graph")
