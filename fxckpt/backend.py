@@ -11,7 +11,8 @@ import torch.fx as fx
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
-from fxckpt.ledger import GraphRunner, LedgerEntry, StepLedger, compile_key, weak
+from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, allocate,
+                           compile_key, weak)
 from fxckpt.memory import at_sizes
 from fxckpt.sizes import SizeCheck, SizesSeen
 from fxckpt.options import Budget, Options, format_bytes
@@ -48,6 +49,7 @@ class Backend:
         self.replans = 0              # graphs re-planned once the step's runs were seen
         self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
         self._sizes = SizesSeen()
+        self._over_budget = False     # a graph of the first step ran at its floor
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         frame, compile = compile_key(gm)
@@ -55,10 +57,8 @@ class Backend:
         runner = GraphRunner(None, self.ledger, self._on_new_step)
         sizes = self._sizes.plan_at(frame, gm)
         try:
-            options = self._options_for(frame, compile)
-            planner = Planner(options, on_plan=self.plans.append)
-            with at_sizes(sizes):
-                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+            options, planner = self._plan_and_compile(gm, example_inputs, runner, frame,
+                                                      compile, sizes)
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
         if not planner.plans:
@@ -66,7 +66,8 @@ class Backend:
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
         entry = LedgerEntry(frame, compile, planner.plans[-1] if planner.plans else None,
-                            weak(runner))
+                            weak(runner), frontier=planner.frontiers_seen[-1]
+                            if planner.frontiers_seen else ())
         runner.entry = entry
         self.ledger.add(entry)
         if entry.plan is not None and options.budget is not None \
@@ -80,11 +81,37 @@ class Backend:
             self.on_graph(gm, list(planner.plans))
         return runner
 
+    def _plan_and_compile(self, gm, example_inputs, runner, frame, compile, sizes):
+        """Plan and compile for the graph's share of the budget. Where the
+        share left by the graphs before it is too small, the graph is planned
+        at its own floor for this first step, and the whole step is planned
+        again together once it has run (``replan``)."""
+        try:
+            options = self._options_for(frame, compile)
+            planner = Planner(options, on_plan=self.plans.append)
+            with at_sizes(sizes):
+                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+            return options, planner
+        except BudgetError as refused:
+            if not self.ledger.held_before(frame, compile) or self._byte_budget() is None:
+                raise
+            warnings.warn(
+                f"fxckpt: this graph does not fit what the graphs before it leave of the "
+                f"step's budget ({refused}); it runs at its own floor for now, and the "
+                "whole step is planned again, together, once its first step has run",
+                stacklevel=3)
+            self._over_budget = True
+        options = replace(self.options, budget=Budget(fraction=0.0))
+        planner = Planner(options, on_plan=self.plans.append)
+        with at_sizes(sizes):
+            runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+        return options, planner
+
     def _byte_budget(self) -> int | None:
         budget = self.options.budget
         return budget.bytes if budget is not None else None
 
-    def _options_for(self, frame: int, compile: int, *, runs: int = 1) -> Options:
+    def _options_for(self, frame: int, compile: int) -> Options:
         """The options for one graph: a byte budget less what the rest of the
         step holds while it runs (the ledger's graphs and the eager fallback
         regions). A fraction budget is read per graph: 0 its floor, 1 its
@@ -105,7 +132,7 @@ class Backend:
                 f"the budget of {format_bytes(budget)} is used up by "
                 f"{' and '.join(holders)} save for backward; raise the budget",
                 floor_bytes=held + 1)
-        return replace(self.options, budget=Budget(bytes=remaining), runs_per_step=runs)
+        return replace(self.options, budget=Budget(bytes=remaining))
 
     def _on_new_step(self) -> None:
         """A step ended: if its graphs, run as often as they were, hold more
@@ -113,7 +140,8 @@ class Backend:
         budget = self._byte_budget()
         reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
         predicted = self.ledger.step_peak() + reserved
-        if budget is None or self.ledger.steps != 1 or predicted <= budget:
+        if budget is None or self.ledger.steps != 1 or \
+                (predicted <= budget and not self._over_budget):
             return
         runs = {e.runs for e in self.ledger.run_order()}
         warnings.warn(
@@ -132,29 +160,48 @@ class Backend:
             raise check.refusal(*over)
 
     def replan(self) -> None:
-        """Plan every graph of the last step again, in the order they ran,
-        each for the budget less what the graphs before it hold, counting
-        a graph that runs r times as holding r copies of what it saves."""
+        """Plan the step's graphs again, together: one frontier plan each, in
+        the order they ran, counting a graph that runs r times as holding r
+        copies of what it saves (``ledger.allocate``); BudgetError naming the
+        step's floor where no choice fits."""
         budget = self._byte_budget()
-        held = self.reserved_bytes() if self.reserved_bytes is not None else 0
-        for entry in self.ledger.run_order():
-            gm, example_inputs = self._sources[id(entry)]
-            if budget - held <= 0:
-                raise BudgetError(
-                    f"the budget of {format_bytes(budget)} is used up before a graph "
-                    f"that runs {entry.runs} time(s) per step: the graphs before it hold "
-                    f"{format_bytes(held)}; raise the budget", floor_bytes=held + 1)
-            options = replace(self.options, budget=Budget(bytes=budget - held),
-                              runs_per_step=entry.runs)
-            planner = Planner(options, on_plan=self.plans.append)
-            compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
-            plan = planner.plans[-1]
-            entry.plan = replace(plan, notes=plan.notes + (
-                f"re-planned after the first step: runs {entry.runs} time(s) per step; "
-                f"the graphs before it hold {format_bytes(held)}",))
-            entry.runner().set_compiled(compiled)
-            held += entry.plan.saved_bytes * entry.runs
-            self.replans += 1
+        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        order = self.ledger.run_order()
+        graphs = [(e.runs, e.frontier or ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),))
+                  for e in order]
+        try:
+            choice = allocate(graphs, budget, reserved)
+        except StepFloor as refused:
+            raise BudgetError(
+                f"no plans fit a budget of {format_bytes(budget)} for the whole step: its "
+                f"{len(order)} graph(s) ran {[e.runs for e in order]} time(s) each, and at "
+                f"the lowest peak each can reach the step peaks at "
+                f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
+                + (f", {format_bytes(reserved)} of it held by eager fallback regions"
+                   if reserved else "") + f". Raise the budget to at least {refused.floor} "
+                "bytes, or shrink the batch.", floor_bytes=refused.floor) from None
+        held = reserved
+        for entry, (runs, points), j in zip(order, graphs, choice):
+            own_peak, saved, _ = points[j]
+            if entry.frontier and (own_peak, saved) != (entry.plan.peak_bytes,
+                                                         entry.plan.saved_bytes):
+                self._recompile(entry, own_peak, note=(
+                    f"re-planned after the first step: runs {runs} time(s) per step; "
+                    f"the graphs before it hold {format_bytes(held)}"))
+            held += runs * saved
+
+    def _recompile(self, entry: LedgerEntry, own_peak: int, *, note: str) -> None:
+        """Compile the entry's graph again with the frontier plan that peaks
+        at ``own_peak`` (the cheapest that fits it is that plan)."""
+        gm, example_inputs = self._sources[id(entry)]
+        options = replace(self.options, budget=Budget(bytes=own_peak))
+        planner = Planner(options, on_plan=self.plans.append)
+        compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
+        plan = planner.plans[-1]
+        entry.plan = replace(plan, notes=plan.notes + (note,))
+        entry.frontier = planner.frontiers_seen[-1] if planner.frontiers_seen else entry.frontier
+        entry.runner().set_compiled(compiled)
+        self.replans += 1
 
     def __repr__(self) -> str:
         o = self.options

@@ -26,6 +26,8 @@ that ran before.
 
 from __future__ import annotations
 
+import itertools
+import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -44,6 +46,9 @@ class LedgerEntry:
     plan: Plan | None               # None: no backward, nothing held
     runner: Callable[[], Any]       # a weak reference to the GraphRunner
     runs: int = 1                   # forward runs per step, from the last full step
+    # The graph's frontier as (own peak, saved bytes, cost), lowest peak
+    # first, when it was planned under a budget: what ``allocate`` picks from.
+    frontier: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def alive(self) -> bool:
@@ -110,6 +115,63 @@ class StepLedger:
     def run_order(self) -> list[LedgerEntry]:
         """The graphs of the last full step, each once, in the order they first ran."""
         return list(dict.fromkeys(e for e in self.order if e.alive and e.plan is not None))
+
+
+class StepFloor(Exception):
+    """No choice of plans fits: ``floor`` is the smallest step budget one does."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__(floor)
+        self.floor = floor
+
+
+def step_peak(choice, graphs, reserved: int) -> int:
+    """The step's peak when graph i (runs r_i, in run order) takes frontier
+    point choice[i]: the largest, over the graphs, of what the graphs before
+    it hold (r x saved each), plus its own peak, plus its other runs' saved."""
+    held, peak = reserved, reserved
+    for (runs, points), j in zip(graphs, choice):
+        own, saved, _ = points[j]
+        peak = max(peak, held + own + (runs - 1) * saved)
+        held += runs * saved
+    return peak
+
+
+def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0) -> list[int]:
+    """One frontier point per graph so that the step's peak fits ``budget``
+    at the least recompute (cost x runs). Every graph at its floor -- the
+    lowest peak each can reach -- is the step's floor; if that does not fit,
+    StepFloor names it (a budget can then ask for it and be met). Up to
+    ``_EXHAUSTIVE`` combinations every one is tried; above, starting from the
+    floors, the move to a cheaper point that saves the most cost is taken
+    while one fits. ``graphs`` are (runs, points) in run order, points lowest
+    peak first, each cheaper than the one before."""
+    choice = [0] * len(graphs)
+    floor = step_peak(choice, graphs, reserved)
+    if floor > budget:
+        raise StepFloor(floor)
+    if math.prod(len(points) for _, points in graphs) <= _EXHAUSTIVE:
+        return list(min((c for c in itertools.product(*(range(len(p)) for _, p in graphs))
+                         if step_peak(c, graphs, reserved) <= budget),
+                        key=lambda c: _cost(c, graphs)))
+    while True:
+        best, best_gain = None, 0.0
+        for i, (runs, points) in enumerate(graphs):
+            for j in range(choice[i] + 1, len(points)):
+                gain = runs * (points[choice[i]][2] - points[j][2])
+                trial = choice[:i] + [j] + choice[i + 1:]
+                if gain > best_gain and step_peak(trial, graphs, reserved) <= budget:
+                    best, best_gain = (i, j), gain
+        if best is None:
+            return choice
+        choice[best[0]] = best[1]
+
+
+_EXHAUSTIVE = 20_000
+
+
+def _cost(choice, graphs) -> float:
+    return sum(runs * points[j][2] for (runs, points), j in zip(graphs, choice))
 
 
 def _held(entries) -> int:

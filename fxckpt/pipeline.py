@@ -48,6 +48,9 @@ class Planner:
         # The planned forward and backward graphs of each plan, for the
         # memory model to read again at other (dynamic) sizes.
         self.graphs: list[tuple[fx.Graph, fx.Graph]] = []
+        # Under a budget, each graph's frontier as (own peak, saved bytes,
+        # cost) points, lowest peak first: what a step-wide allocation picks from.
+        self.frontiers_seen: list[tuple[tuple[int, int, float], ...]] = []
         self.on_plan = on_plan
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
@@ -55,7 +58,8 @@ class Planner:
         start = time.perf_counter()
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices)
-        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
+        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                                              on_frontier=self.frontiers_seen.append)
         plan = self._finish(profile, tags, decision, rewritten, timeline, start=start)
         self.plans.append(plan)
         self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
@@ -150,8 +154,11 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
     return build_problem(profile, tags, bandwidth=bandwidth)
 
 
-def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options):
-    """Return (decision, rewritten, timeline) for the options' solver and budget."""
+def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
+          on_frontier: Callable[[tuple], Any] | None = None):
+    """Return (decision, rewritten, timeline) for the options' solver and budget.
+    ``on_frontier``, under a budget, gets the frontier as (own peak, saved
+    bytes, cost) points, lowest peak first."""
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
@@ -160,8 +167,6 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     optimal = runtime_optimal(problem)
     if options.budget is None:
         return (optimal, *evaluate(optimal))
-    if options.runs_per_step > 1:
-        evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
     rewritten, timeline = evaluate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
@@ -169,31 +174,17 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     frontier = pareto_frontier(problem, evaluate, options.solver,
                                (optimal, rewritten, timeline))
     budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    if on_frontier is not None:
+        on_frontier(tuple((c.peak,
+                           saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
+                          for c in frontier))
     try:
         decision, rewritten, timeline = solve_budgeted(
             problem, evaluate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
-        raise _budget_error(no_fit, options.runs_per_step) from None
-    return decision, rewritten, getattr(timeline, "graph", timeline)
-
-
-@dataclass(frozen=True)
-class _StepTimeline:
-    """A graph run ``runs`` times per step, as a budget sees it: its peak
-    plus the saved bytes of its other runs, still held while it runs last."""
-
-    peak_bytes: int
-    peak_at: str
-    graph: Any            # the graph's own memory.MemoryTimeline
-
-
-def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
-    def evaluate_step(decision: Decision):
-        rewritten, timeline = evaluate(decision)
-        extra = (runs - 1) * saved_bytes_of(profile, decision, rewritten)
-        return rewritten, _StepTimeline(timeline.peak_bytes + extra, timeline.peak_at, timeline)
-    return evaluate_step
+        raise _budget_error(no_fit) from None
+    return decision, rewritten, timeline
 
 
 def _within_budget(decision, rewritten, timeline, options):
@@ -208,16 +199,13 @@ def _within_budget(decision, rewritten, timeline, options):
     return replace(decision, budget_bytes=budget), rewritten, timeline
 
 
-def _budget_error(no_fit: NoPlanFits, runs: int = 1) -> BudgetError:
+def _budget_error(no_fit: NoPlanFits) -> BudgetError:
     floor, budget = no_fit.floor, no_fit.budget
     runtime_optimal_peak = no_fit.runtime_optimal_peak
-    graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
-    what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
+    what = dominated_by(floor.rewritten, floor.timeline) if floor.rewritten is not None \
         else "values the memory model could not break down"
-    where = "this graph" if runs == 1 else \
-        f"this graph, which runs {runs} times per step (its other runs' saved values count)"
     return BudgetError(
-        f"no plan fits a budget of {format_bytes(budget)} for {where}: the smallest "
+        f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
         f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
         f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
         f"floor the peak is at {floor.timeline.peak_at}, made of {what}. Raise the "

@@ -200,3 +200,83 @@ def test_bad_budgets_and_policies_are_caught_at_the_call():
         warnings.simplefilter("always")
         fxckpt.backend(budget=2**70)
     assert any("more than any memory" in str(w.message) for w in caught)
+
+
+class SplitInTwo(torch.nn.Module):
+    """A GPT whose forward breaks once, between its first and second block:
+    two graphs that run once each per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = gpt()
+
+    def forward(self, idx):
+        g = self.gpt
+        x = g.emb_dropout(g.tok_emb(idx) + g.pos_emb(torch.arange(idx.shape[1])))
+        x = g.blocks[0](x)
+        print("", end="")
+        for block in g.blocks[1:]:
+            x = block(x)
+        return g.head(g.ln_out(x))
+
+
+def _budget_error(run):
+    with pytest.raises(Exception) as raised:
+        run()
+    error = raised.value
+    while not isinstance(error, fxckpt.BudgetError) and error.__cause__ is not None:
+        error = error.__cause__
+    assert isinstance(error, fxckpt.BudgetError)
+    return error
+
+
+def test_the_step_floor_is_named_and_met_when_asked_for():
+    """Two graphs: a budget below what any choice of their plans reaches is
+    refused with the step's floor (not one graph's); asking for that floor,
+    the graphs are planned together after the first step and every step
+    after it stays within it."""
+    inputs, loss_fn = batch(4, 64)
+    optimal = measured_step(torch.compile(SplitInTwo(), backend=fxckpt.backend(compiler="eager")),
+                            inputs, loss_fn)
+    torch._dynamo.reset()
+    compiled = torch.compile(SplitInTwo(), backend=fxckpt.backend(
+        compiler="eager", budget=int(0.5 * optimal)))
+
+    def two_steps():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(2):
+                measured_step(compiled, inputs, loss_fn)
+    refused = _budget_error(two_steps)
+    assert "whole step" in str(refused)
+    floor = refused.floor_bytes
+
+    torch._dynamo.reset()
+    model = SplitInTwo()
+    be = fxckpt.backend(compiler="eager", budget=floor)
+    compiled = torch.compile(model, backend=be)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peaks = [measured_step(compiled, inputs, loss_fn) for _ in range(3)]
+    assert len(be.ledger.live()) == 2
+    assert all(peak <= floor * 1.05 for peak in peaks[1:])
+    assert_bitwise_equal(run_step(SplitInTwo(), inputs, loss_fn), run_step(compiled, inputs, loss_fn))
+
+
+def test_allocate_picks_the_cheapest_plans_that_fit_the_step():
+    from fxckpt.ledger import StepFloor, allocate, step_peak
+
+    # (own peak, saved, cost) per frontier point, lowest peak first.
+    first = ((100, 10, 5.0), (150, 60, 1.0), (200, 120, 0.0))
+    second = ((80, 5, 3.0), (120, 40, 0.0))
+    graphs = [(1, first), (2, second)]          # the second runs twice per step
+    assert step_peak([0, 0], graphs, 0) == max(100, 10 + 80 + 5)
+    with pytest.raises(StepFloor) as refused:
+        allocate(graphs, 99)
+    assert refused.value.floor == 100
+    choice = allocate(graphs, 200)
+    assert step_peak(choice, graphs, 0) <= 200
+    # Exhaustive check: no cheaper choice fits.
+    fits = [(i, j) for i in range(3) for j in range(2) if step_peak([i, j], graphs, 0) <= 200]
+    best = min(first[i][2] + 2 * second[j][2] for i, j in fits)
+    assert first[choice[0]][2] + 2 * second[choice[1]][2] == best
