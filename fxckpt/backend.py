@@ -79,7 +79,9 @@ class Backend:
             self._sources[id(entry)] = source
         if self.on_graph is not None:
             self.on_graph(gm, list(planner.plans))
-        return runner
+        # Without a byte budget nothing needs the runs counted: the graph
+        # runs as compiled (the runner stays in the ledger, unreferenced).
+        return runner if self._byte_budget() is not None else runner.compiled
 
     def _plan_and_compile(self, gm, example_inputs, runner, frame, compile, sizes):
         """Plan and compile for the graph's share of the budget. Where the

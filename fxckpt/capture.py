@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import boxed_nop_preserve_node_meta
+from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from fxckpt.pipeline import Planner
@@ -26,8 +26,11 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
         # graph splitter counts its calls to tell that a bucket's graph went
         # through AOTAutograd; uncounted, the first real call returns fake tensors.
         return aot_autograd(
-            fw_compiler=boxed_nop_preserve_node_meta,
-            bw_compiler=boxed_nop_preserve_node_meta,
+            # The planned graphs run as their generated code, as aot_eager
+            # runs its own (not through fx.Interpreter, which costs Python
+            # time per op).
+            fw_compiler=boxed_nop,
+            bw_compiler=boxed_nop,
             partition_fn=planner,
         )(gm, example_inputs)
     from torch._functorch import config as functorch_config

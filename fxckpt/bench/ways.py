@@ -5,7 +5,8 @@ Every way trains the same ``Step`` module (model and loss together), so a
 compiled way's graph covers the whole step, as in the memory-model tests.
 Compiled ways other than Inductor run their graphs the way ``aot_eager``
 does (the generated Python code of each graph), so step times compare plans
-rather than graph runners; that includes fxckpt's rows (``aot_eager_runtime``).
+rather than graph runners; fxckpt's rows run through ``fxckpt.backend``,
+as users call it (``compiler="eager"`` runs generated code too).
 """
 
 from __future__ import annotations
@@ -129,8 +130,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
 
         backend = fxckpt.backend(budget=budget_bytes, compiler="inductor")
     else:
-        backend = Backend(Options.create(budget=budget_bytes, compiler="eager"),
-                          compile_fn=aot_eager_runtime)
+        backend = Backend(Options.create(budget=budget_bytes, compiler="eager"))
     return Built(torch.compile(step, backend=backend), plans=backend.plans)
 
 
@@ -162,14 +162,6 @@ def _timed(partition_fn, seconds: list[float]):
             seconds.append(time.perf_counter() - start)
     return timed
 
-
-def aot_eager_runtime(gm, example_inputs, planner):
-    """fxckpt's planned graphs run as aot_eager runs its own: as generated
-    code. (``compiler="eager"`` runs them through fx.Interpreter, which adds
-    Python overhead per op that has nothing to do with the plan.) Input
-    mutations (BatchNorm's running statistics) stay out of the graph, as in
-    capture.compile_planned."""
-    return _aot_eager(planner, keep_inference_input_mutations=False)(gm, example_inputs)
 
 
 # --- eager checkpointing -----------------------------------------------------
