@@ -307,9 +307,11 @@ def test_data_parallel_on_cpu():
 
 
 def with_inner_grad(x, w):
-    y = (x @ w).sin()
+    # Dropout before and after: the recomputation that the inner grad runs
+    # within the forward must leave the forward's random stream alone.
+    y = torch.nn.functional.dropout((x @ w).sin(), p=0.3, training=True)
     (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    return g * y
+    return torch.nn.functional.dropout(g * y, p=0.3, training=True)
 
 
 @pytest.mark.parametrize("early_stop", [True, False])
@@ -414,3 +416,42 @@ def test_hf_gradient_checkpointing_func(make):
     def matmuls(counter):  # GPT-2's Conv1D runs addmm, Llama's Linear mm
         return counter.total(aten.mm, "backward") + counter.total(aten.addmm, "backward")
     assert matmuls(with_policy[2]) < matmuls(ours[2])
+
+
+# ---------------------------------------------------------------------------
+# Where fxckpt differs from torch on purpose, and where it does not
+# ---------------------------------------------------------------------------
+
+
+def test_batchnorm_statistics_are_updated_once():
+    x = torch.randn(8, 4)
+    bns = {}
+    for name, ckpt in (("ours", fxckpt.checkpoint), ("torch", tuc.checkpoint), ("plain", None)):
+        torch.manual_seed(0)
+        bn = bns[name] = nn.BatchNorm1d(4)
+        out = bn(x) if ckpt is None else ckpt(bn, x, use_reentrant=False)
+        (out * torch.arange(4.0)).sum().backward()
+    assert bns["ours"].num_batches_tracked.item() == bns["plain"].num_batches_tracked.item() == 1
+    assert torch.equal(bns["ours"].running_mean, bns["plain"].running_mean)
+    assert torch.equal(bns["ours"].running_var, bns["plain"].running_var)
+    # torch's recomputation runs BatchNorm again in training mode.
+    assert bns["torch"].num_batches_tracked.item() == 2
+    assert torch.equal(bns["ours"].weight.grad, bns["plain"].weight.grad)
+
+
+def test_second_backward_with_retain_graph_as_in_torch():
+    runs = {}
+    for ckpt in (fxckpt.checkpoint, tuc.checkpoint):
+        torch.manual_seed(0)
+        x = X.clone().requires_grad_()
+        with OpCounter() as counter:
+            loss = ckpt(dropout_mlp, x, W, use_reentrant=False).sum()
+            counter.phase("backward")
+            loss.backward(retain_graph=True)
+            first = x.grad.clone()
+            loss.backward()
+        runs[ckpt] = first, x.grad, counter.counts["backward"]
+    ours, theirs = runs[fxckpt.checkpoint], runs[tuc.checkpoint]
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    assert torch.equal(ours[1], 2 * ours[0])
+    assert ours[2][aten.bernoulli_] == theirs[2][aten.bernoulli_] == 2  # one per backward
