@@ -82,6 +82,7 @@ def is_ignored(func) -> bool:
     early unwinds through a ``record_function`` block."""
     return func in IGNORED_OPS or getattr(func, "namespace", None) == "profiler"
 
+
 class RecomputeMismatchError(FxckptError):
     """The recomputation of a checkpointed function did not do what its
     forward did (other ops, shapes or dtypes, or other tensors saved)."""
@@ -347,7 +348,8 @@ class Replayer(TorchDispatchMode):
         self.check = check
         self.forward_done = forward_done
         self.stopped = False
-        self.ran: Optional[list[str]] = [] if debug else None
+        # (op, outputs or None when not run or served, where) of each op.
+        self.ran: Optional[list[tuple]] = [] if debug else None
         self.position = 0
         self.calls: dict[Any, int] = defaultdict(int)
         # Explicit generators this recomputation moved, and their states
@@ -369,7 +371,8 @@ class Replayer(TorchDispatchMode):
     def trace(self) -> str:
         """The ops of the forward and of this recomputation, for ``debug``."""
         forward = "\n".join(f"  #{r.index} {r.describe()}" for r in self.log.records)
-        ran = "\n".join(f"  #{i} {line}" for i, line in enumerate(self.ran or ()))
+        ran = "\n".join(f"  #{i} {_describe_ran(*entry)}"
+                        for i, entry in enumerate(self.ran or ()))
         return (f"Ops of the forward:\n{forward or '  (none)'}\n"
                 f"Ops of the recomputation:\n{ran or '  (none)'}")
 
@@ -382,7 +385,7 @@ class Replayer(TorchDispatchMode):
         records = self.log.records
         record = records[index] if index < len(records) else None
         if self.ran is not None:
-            self.ran.append(describe_op(func, (), user_frame()))
+            self.ran.append((func, None, user_frame()))
         checked = self.check and (self.forward_done or index < len(records))
         if checked and (record is None or record.op is not func):
             raise op_mismatch(index, record, func, user_frame())
@@ -410,7 +413,7 @@ class Replayer(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         if self.ran is not None:
-            self.ran[-1] = describe_op(func, tensor_metas(out), user_frame())
+            self.ran[index] = (func, tensor_metas(out), self.ran[index][2])
         if checked and record is not None:
             recomputed = tensor_metas(out)
             if recomputed != record.outputs:
@@ -433,6 +436,13 @@ def describe_op(op, metas, where) -> str:
     text = f"{op} -> {describe_meta(metas)}"
     source = format_where(where)
     return f"{text} at {source}" if source else text
+
+
+def _describe_ran(op, metas, where) -> str:
+    if metas is not None:
+        return describe_op(op, metas, where)
+    source = format_where(where)
+    return f"{op} at {source}" if source else f"{op}"
 
 
 def op_mismatch(index: int, record: Optional[OpRecord], func,
