@@ -383,7 +383,6 @@ def test_checkpoint_sequential_bad_segments():
 
 
 def _hf_grads(make, checkpoint_func):
-    from zoo import HFCausalLM  # noqa: F401  (the zoo's builders need transformers)
     model, (ids, labels), loss_fn = make()
     with pytest.warns(FutureWarning):
         model.model.gradient_checkpointing_enable(
@@ -403,8 +402,8 @@ def _hf_grads(make, checkpoint_func):
 
 @pytest.mark.parametrize("make", ["make_hf_llama", "make_hf_gpt2"])
 def test_hf_gradient_checkpointing_func(make):
-    import zoo
     pytest.importorskip("transformers")
+    import zoo
     builder = getattr(zoo, make)
     ours = _hf_grads(builder, functools.partial(fxckpt.checkpoint, use_reentrant=False))
     theirs = _hf_grads(builder, None)  # transformers' own: torch.utils.checkpoint
