@@ -8,6 +8,7 @@ times ops run again in backward (``OpCounter``).
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -99,6 +100,21 @@ def test_use_reentrant_true_raises_and_names_the_fix():
     x = X.clone().requires_grad_()
     with pytest.raises(FxckptError, match="torch.utils.checkpoint.checkpoint"):
         fxckpt.checkpoint(torch.sin, x, use_reentrant=True)
+
+
+def test_use_reentrant_left_out_is_non_reentrant_without_warning():
+    x = X.clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fxckpt.checkpoint(chain, x)
+    out.sum().backward()
+    theirs = run(tuc.checkpoint, chain, X, use_reentrant=False)
+    assert torch.equal(out.detach(), theirs[0]) and torch.equal(x.grad, theirs[1][0])
+
+
+def test_checkpoint_sequential_use_reentrant_true_raises():
+    with pytest.raises(FxckptError, match="use_reentrant"):
+        fxckpt.checkpoint_sequential(make_sequential(), 2, X, use_reentrant=True)
 
 
 def test_unknown_determinism_check_raises():
