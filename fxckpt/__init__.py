@@ -3,7 +3,7 @@
 from fxckpt import policies
 from fxckpt.backend import backend
 from fxckpt.compile import compile
-from fxckpt.eager.checkpoint import checkpoint
+from fxckpt.eager.checkpoint import checkpoint, checkpoint_sequential
 from fxckpt.errors import BudgetError, FxckptError, PlanError, PolicyError
 from fxckpt.explain import explain
 from fxckpt.naming import name
@@ -13,7 +13,8 @@ from fxckpt.transform import transform
 from fxckpt.plan import Plan
 
 __all__ = [
-    "backend", "compile", "transform", "checkpoint", "explain", "Plan", "parse_budget",
+    "backend", "compile", "transform", "checkpoint", "checkpoint_sequential", "explain",
+    "Plan", "parse_budget",
     "BudgetError", "FxckptError", "PlanError", "PolicyError", "policies", "name",
     "pareto",
 ]

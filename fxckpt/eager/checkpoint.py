@@ -22,13 +22,17 @@ inputs are recomputed by the outer one.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 from torch._C._autograd import SavedTensor, _make_saved_tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import noop_context_fn
 
 from fxckpt.eager.modes import OpLog, Recorder, RecomputeMismatchError, Replayer
 from fxckpt.eager.tensors import TensorMeta, describe_meta
@@ -36,19 +40,26 @@ from fxckpt.eager.state import ModuleScope, RecomputeState
 from fxckpt.errors import FxckptError
 from fxckpt.policies.resolve import resolve_policy
 
-__all__ = ["checkpoint", "RecomputeMismatchError"]
+__all__ = ["checkpoint", "checkpoint_sequential", "RecomputeMismatchError"]
 
 _DETERMINISM_CHECKS = ("default", "none")
 
 
 # Under torch.compile, Dynamo does not trace this function (it cannot trace
 # saved-tensor hooks and dispatch modes): the call is a graph break and runs
-# eagerly, as does ``fn`` (torch.compile'd code that ``fn`` calls still runs
-# compiled).
+# eagerly, as does ``function`` (torch.compile'd code that ``function`` calls
+# still runs compiled).
 @torch._dynamo.disable
-def checkpoint(fn: Callable, *args, policy=None, preserve_rng_state: bool = True,
-               determinism_check: str = "default", **kwargs):
-    """Run ``fn(*args, **kwargs)`` keeping only what ``policy`` saves.
+def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
+               context_fn: Callable[[], tuple] = noop_context_fn,
+               determinism_check: str = "default", debug: bool = False,
+               early_stop: Optional[bool] = None, preserve_rng_state: bool = True,
+               policy=None, **kwargs):
+    """Run ``function(*args, **kwargs)`` keeping only what ``policy`` saves.
+
+    The arguments are those of ``torch.utils.checkpoint.checkpoint`` with
+    ``use_reentrant=False``; only keyword arguments not listed here go to
+    ``function``.
 
     ``policy``: anything ``fxckpt.policies.resolve_policy`` accepts (for
     example ``save_matmuls()``); None recomputes every op in backward, like
@@ -56,30 +67,129 @@ def checkpoint(fn: Callable, *args, policy=None, preserve_rng_state: bool = True
     the forward, with real tensors as arguments; the ops it saves (MUST_ or
     PREFER_SAVE; offloading is not done here, those outputs stay in place) are
     not run again. Ops that write in place or return views always run again.
+    ``use_reentrant``: None or False; True raises (there is no reentrant
+    variant: call ``torch.utils.checkpoint.checkpoint`` for it).
+    ``context_fn``: returns (forward context, recomputation context), entered
+    around the forward and each recomputation, as in torch. The contexts made
+    by ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` act as
+    its ``policy_fn`` passed as ``policy``.
     ``preserve_rng_state``: replay random ops (dropout) bit for bit.
     ``determinism_check``: "default" raises ``RecomputeMismatchError`` when
     the recomputation runs other ops, or gives other shapes or dtypes, than
     the forward; "none" skips the check.
+    ``debug``: a mismatch error lists the ops of the forward and of the
+    recomputation (also on under ``torch.utils.checkpoint.set_checkpoint_debug_enabled``).
+    ``early_stop``: stop the recomputation once it has recomputed every saved
+    tensor (default True; ``torch.utils.checkpoint.set_checkpoint_early_stop``
+    overrides it, as in torch). False runs the whole function again.
     """
-    if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(f"determinism_check must be one of {_DETERMINISM_CHECKS}, "
-                         f"got {determinism_check!r}")
+    _check_arguments(use_reentrant, determinism_check)
+    policy, forward_context, recompute_context = _contexts(context_fn, policy)
     factory = resolve_policy(policy)
     if not torch.is_grad_enabled():
-        return fn(*args, **kwargs)  # nothing is saved for backward
+        return function(*args, **kwargs)  # nothing is saved for backward
 
     flat, spec = tree_flatten((args, kwargs))
     tensors = [x for x in flat if isinstance(x, torch.Tensor)]
     state = RecomputeState.capture(tensors, preserve_rng_state=preserve_rng_state)
-    frame = _Frame(fn, _SavedInputs(flat, spec), state,
-                   check=determinism_check == "default")
+    options = _Options(check=determinism_check == "default",
+                       early_stop=_early_stop(early_stop), debug=_debug(debug),
+                       recompute_context=recompute_context)
+    frame = _Frame(function, _SavedInputs(flat, spec), state, options)
     decide = factory.for_graph() if factory is not None else None
-    scope = (ModuleScope(ModuleScope.root_of(fn), sys._getframe())
+    scope = (ModuleScope(ModuleScope.root_of(function), sys._getframe())
              if decide is not None else None)
-    with _forward_hooks(frame), Recorder(frame.log, decide, scope=scope, rng=state.rng):
-        out = fn(*args, **kwargs)
+    frame.recorder = Recorder(frame.log, decide, scope=scope, rng=state.rng)
+    with _forward_hooks(frame), forward_context, frame.recorder:
+        out = function(*args, **kwargs)
+    frame.recorder = None
     state.check_after_forward()
     return out
+
+
+def checkpoint_sequential(functions, segments: int, input, use_reentrant: Optional[bool] = None,
+                          **kwargs):
+    """``torch.utils.checkpoint.checkpoint_sequential`` with ``fxckpt.checkpoint``.
+
+    Runs ``functions`` (an ``nn.Sequential`` or a list of modules or
+    functions, each taking and returning one value) in ``segments`` chunks;
+    every chunk but the last is checkpointed. ``kwargs`` (``policy``,
+    ``preserve_rng_state``, ``early_stop``, ...) go to each ``checkpoint``.
+    """
+    _check_arguments(use_reentrant, kwargs.get("determinism_check", "default"))
+    if isinstance(functions, torch.nn.Sequential):
+        functions = list(functions.children())
+    functions = list(functions)
+    if not 1 <= segments <= max(len(functions), 1):
+        raise ValueError(f"checkpoint_sequential: segments must be between 1 and the "
+                         f"number of functions ({len(functions)}), got {segments}")
+    size = len(functions) // segments
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(_run_segment(functions[start:end + 1]), input,
+                           use_reentrant=use_reentrant, **kwargs)
+    return _run_segment(functions[end + 1:])(input)
+
+
+def _run_segment(functions: list) -> Callable:
+    def run(x):
+        for f in functions:
+            x = f(x)
+        return x
+    return run
+
+
+def _check_arguments(use_reentrant: Optional[bool], determinism_check: str) -> None:
+    if use_reentrant:
+        raise FxckptError(
+            "fxckpt.checkpoint has no reentrant variant (use_reentrant=True). Pass "
+            "use_reentrant=False or leave it out; for the reentrant behaviour call "
+            "torch.utils.checkpoint.checkpoint instead.")
+    if determinism_check not in _DETERMINISM_CHECKS:
+        raise ValueError(f"determinism_check must be one of {_DETERMINISM_CHECKS}, "
+                         f"got {determinism_check!r}")
+
+
+def _contexts(context_fn: Callable, policy) -> tuple[Any, Any, Any]:
+    """(policy, forward context, recomputation context) for ``context_fn``.
+
+    torch's selective checkpointing contexts are dispatch modes carrying the
+    user's ``policy_fn``; their policy is followed by fxckpt's own modes
+    instead of entering them (two caches of saved ops would fight)."""
+    if context_fn is noop_context_fn:
+        return policy, contextlib.nullcontext(), contextlib.nullcontext()
+    forward_context, recompute_context = context_fn()
+    policy_fn = getattr(forward_context, "policy_fn", None)
+    if not (isinstance(forward_context, TorchDispatchMode) and callable(policy_fn)):
+        return policy, forward_context, recompute_context
+    if policy is not None:
+        raise ValueError(
+            "fxckpt.checkpoint: both policy= and a context_fn from "
+            "torch.utils.checkpoint.create_selective_checkpoint_contexts were given; "
+            "pass one of them.")
+    return policy_fn, contextlib.nullcontext(), contextlib.nullcontext()
+
+
+def _early_stop(early_stop: Optional[bool]) -> bool:
+    # torch's set_checkpoint_early_stop overrides the argument, as in torch.
+    override = getattr(torch.utils.checkpoint, "_enable_checkpoint_early_stop", None)
+    if override is not None:
+        return bool(override)
+    return True if early_stop is None else bool(early_stop)
+
+
+def _debug(debug: bool) -> bool:
+    override = getattr(torch.utils.checkpoint, "_checkpoint_debug_enabled", None)
+    return bool(override) if override is not None else bool(debug)
+
+
+@dataclass(frozen=True)
+class _Options:
+    check: bool             # determinism_check="default"
+    early_stop: bool
+    debug: bool
+    recompute_context: Any  # entered around each recomputation
 
 
 class _SavedInputs:
@@ -114,12 +224,15 @@ class _Frame:
     """One call of ``checkpoint``: what its forward saved and how to redo it."""
 
     def __init__(self, fn: Callable, inputs: _SavedInputs, state: RecomputeState,
-                 *, check: bool) -> None:
+                 options: _Options) -> None:
         self.fn = fn
         self.inputs = inputs
         self.state = state
-        self.check = check
+        self.options = options
         self.log = OpLog()
+        # Set while the forward runs: a recomputation then (the function calls
+        # torch.autograd.grad) must not be logged as ops of the forward.
+        self.recorder: Optional[Recorder] = None
         # Weak: a holder dies with the graph node that saved it; a dead holder
         # needs no recomputed tensor.
         self.holders: list[weakref.ref] = []
@@ -156,24 +269,45 @@ class _Frame:
 
     def recompute(self) -> dict[int, torch.Tensor]:
         args, kwargs = self.inputs.unpack()
-        refill = _Refill(self)
+        options = self.options
+        replayer = Replayer(self.log, check=options.check, debug=options.debug,
+                            forward_done=self.recorder is None)
+        refill = _Refill(self, replayer)
         try:
-            with self.state.restored(), refill.hooks(), \
-                    Replayer(self.log, check=self.check), torch.enable_grad():
+            with self._recorder_paused(), self.state.restored(), refill.hooks(), \
+                    options.recompute_context, replayer, torch.enable_grad():
                 self.fn(*args, **kwargs)
         except _StopRecomputation:
             pass
+        except RecomputeMismatchError as error:
+            if not options.debug:
+                raise
+            raise RecomputeMismatchError(f"{error}\n{replayer.trace()}") from error
         self._check_recomputed(refill)
         return refill.tensors
 
+    @contextlib.contextmanager
+    def _recorder_paused(self):
+        recorder = self.recorder
+        if recorder is None:
+            yield
+            return
+        recorder.paused = True
+        try:
+            yield
+        finally:
+            recorder.paused = False
+
     def _check_recomputed(self, hooks: "_Refill") -> None:
         if hooks.count < len(self.holders):
+            trace = f"\n{hooks.replayer.trace()}" if self.options.debug else ""
             raise RecomputeMismatchError(
                 f"fxckpt.checkpoint: the recomputation saved {hooks.count} tensors "
                 f"for backward, the forward saved {len(self.holders)}; the "
                 "function ran differently the second time. Make it deterministic, "
-                "or check that it does not depend on state changed since the forward.")
-        if not self.check:
+                "or check that it does not depend on state changed since the forward."
+                + trace)
+        if not self.options.check:
             return
         for index, tensor in hooks.tensors.items():
             if _meta(tensor) != self.saved_metas[index]:
@@ -194,8 +328,9 @@ class _Refill:
     pointing back at it would be a reference cycle keeping the frame (and
     its saved outputs) alive until the garbage collector runs."""
 
-    def __init__(self, frame: _Frame) -> None:
+    def __init__(self, frame: _Frame, replayer: Replayer) -> None:
         self.frame = frame
+        self.replayer = replayer
         self.count = 0
         self.tensors: dict[int, torch.Tensor] = {}
 
@@ -205,17 +340,27 @@ class _Refill:
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         holders = self.frame.holders
         index = self.count
-        if index >= len(holders):  # cannot happen: we stop at the last holder
-            raise RecomputeMismatchError(
-                "fxckpt.checkpoint: the recomputation saved more tensors for "
-                "backward than the forward did.")
-        self.count += 1
         tensor = tensor.detach() if tensor.requires_grad else tensor
+        if index >= len(holders):
+            if self.frame.recorder is not None:
+                # The forward is still running (it called torch.autograd.grad):
+                # it has not saved these yet.
+                return tensor
+            raise self._more_saved()
+        self.count += 1
         if holders[index]() is not None:
             self.tensors[index] = tensor
-        if self.count == len(holders):
+        if self.count == len(holders) and self.frame.options.early_stop:
+            self.replayer.stopped = True
             raise _StopRecomputation
         return tensor
+
+    def _more_saved(self) -> RecomputeMismatchError:
+        return RecomputeMismatchError(
+            f"fxckpt.checkpoint: the recomputation saved more tensors for backward "
+            f"than the forward did ({len(self.frame.holders)}); the function ran "
+            "differently the second time. Make it deterministic, or check that it "
+            "does not depend on state changed since the forward.")
 
 
 def _identity(x):
