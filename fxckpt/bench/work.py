@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from fxckpt.bench.measure import measure_peak_bytes, measure_saved_bytes, time_steps
 from fxckpt.memory import tensor_bytes
-from fxckpt.passes.profile import CostModel
+from fxckpt.passes.profile import CostModel, op_flops
 
 
 @dataclass
@@ -151,10 +150,7 @@ class WorkCounter(TorchDispatchMode):
     def _count(self, op, args, kwargs, out) -> None:
         if not isinstance(op, torch._ops.OpOverload):
             return
-        flops = 0
-        formula = flop_registry.get(op.overloadpacket)
-        if formula is not None:
-            flops = int(formula(*args, **kwargs, out_val=out))
+        flops = op_flops(op, args, kwargs, out)
         moved = 0 if op.is_view else tensor_bytes((args, kwargs)) + tensor_bytes(out)
         self.flops += flops
         self.cost += self.cost_model.seconds(flops, moved)

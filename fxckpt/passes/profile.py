@@ -146,13 +146,19 @@ def _bytes_moved(node: fx.Node) -> int:
 
 
 def _flops(node: fx.Node) -> int:
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return 0
-    formula = flop_registry.get(node.target.overloadpacket)
-    if formula is None:
+    if node.op != "call_function":
         return 0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
-        return concrete(formula(*args, **kwargs, out_val=node.meta.get("val")))
+        return op_flops(node.target, args, kwargs, node.meta.get("val"))
     except Exception:  # a formula that cannot read symbolic shapes: price by traffic only
         return 0
+
+
+def op_flops(op, args, kwargs, out) -> int:
+    """FLOPs of one op call by torch's formulas (0 where it has none): on fake
+    tensors while planning, on real ones where steps are counted."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return 0
+    formula = flop_registry.get(op.overloadpacket)
+    return concrete(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
