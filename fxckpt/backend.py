@@ -169,6 +169,9 @@ class Backend:
         budget = self._byte_budget()
         reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
         order = self.ledger.run_order()
+        for entry in order:
+            if entry.runs > 1 and entry.frontier:
+                entry.frontier = self._frontier_for_runs(entry)
         graphs = [(e.runs, e.frontier or ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),))
                   for e in order]
         try:
@@ -187,21 +190,31 @@ class Backend:
             own_peak, saved, _ = points[j]
             if entry.frontier and (own_peak, saved) != (entry.plan.peak_bytes,
                                                          entry.plan.saved_bytes):
-                self._recompile(entry, own_peak, note=(
+                self._recompile(entry, own_peak + (runs - 1) * saved, runs, note=(
                     f"re-planned after the first step: runs {runs} time(s) per step; "
                     f"the graphs before it hold {format_bytes(held)}"))
             held += runs * saved
 
-    def _recompile(self, entry: LedgerEntry, own_peak: int, *, note: str) -> None:
-        """Compile the entry's graph again with the frontier plan that peaks
-        at ``own_peak`` (the cheapest that fits it is that plan)."""
+    def _frontier_for_runs(self, entry: LedgerEntry) -> tuple:
+        """The frontier of a graph that runs ``entry.runs`` times per step,
+        by its peak plus its other runs' saved bytes: plans that save less
+        at a higher peak of their own count there."""
         gm, example_inputs = self._sources[id(entry)]
-        options = replace(self.options, budget=Budget(bytes=own_peak))
+        options = replace(self.options, budget=Budget(bytes=2**62), runs_per_step=entry.runs)
+        planner = Planner(options)
+        self.compile_fn(graph_copy(gm), example_inputs, planner)
+        return planner.frontiers_seen[-1]
+
+    def _recompile(self, entry: LedgerEntry, step_peak: int, runs: int, *, note: str) -> None:
+        """Compile the entry's graph again with the frontier plan whose peak
+        plus its other runs' saved bytes is ``step_peak`` (the cheapest that
+        fits it is that plan)."""
+        gm, example_inputs = self._sources[id(entry)]
+        options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
         planner = Planner(options, on_plan=self.plans.append)
         compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
         plan = planner.plans[-1]
         entry.plan = replace(plan, notes=plan.notes + (note,))
-        entry.frontier = planner.frontiers_seen[-1] if planner.frontiers_seen else entry.frontier
         entry.runner().set_compiled(compiled)
         self.replans += 1
 

@@ -168,6 +168,10 @@ class Options:
     # prices CPU offload; None: measured on the device the first time a plan
     # can offload (fxckpt/bandwidth.py).
     offload_bandwidth: float | None = None
+    # Set by the backend, not by users: how many times per step the graph
+    # being planned runs (one block graph serving every block). A byte budget
+    # then bounds its peak plus what its other runs hold.
+    runs_per_step: int = 1
 
     @staticmethod
     def create(*, budget: Any = None, policy: Any = None, compiler: str = "inductor",

@@ -167,6 +167,8 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     optimal = runtime_optimal(problem)
     if options.budget is None:
         return (optimal, *evaluate(optimal))
+    if options.runs_per_step > 1:
+        evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
     rewritten, timeline = evaluate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
@@ -175,7 +177,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
                                (optimal, rewritten, timeline))
     budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     if on_frontier is not None:
-        on_frontier(tuple((c.peak,
+        on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
                            saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
                           for c in frontier))
     try:
@@ -184,7 +186,25 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
         raise _budget_error(no_fit) from None
-    return decision, rewritten, timeline
+    return decision, rewritten, getattr(timeline, "graph", timeline)
+
+
+@dataclass(frozen=True)
+class _StepTimeline:
+    """A graph run ``runs`` times per step, as a budget sees it: its peak
+    plus the saved bytes of its other runs, still held while it runs last."""
+
+    peak_bytes: int
+    peak_at: str
+    graph: Any            # the graph's own memory.MemoryTimeline
+
+
+def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
+    def evaluate_step(decision: Decision):
+        rewritten, timeline = evaluate(decision)
+        extra = (runs - 1) * saved_bytes_of(profile, decision, rewritten)
+        return rewritten, _StepTimeline(timeline.peak_bytes + extra, timeline.peak_at, timeline)
+    return evaluate_step
 
 
 def _within_budget(decision, rewritten, timeline, options):
@@ -202,13 +222,14 @@ def _within_budget(decision, rewritten, timeline, options):
 def _budget_error(no_fit: NoPlanFits) -> BudgetError:
     floor, budget = no_fit.floor, no_fit.budget
     runtime_optimal_peak = no_fit.runtime_optimal_peak
-    what = dominated_by(floor.rewritten, floor.timeline) if floor.rewritten is not None \
+    graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
+    what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
         else "values the memory model could not break down"
     return BudgetError(
         f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
         f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
         f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
-        f"floor the peak is at {floor.timeline.peak_at}, made of {what}. Raise the "
+        f"floor the peak is at {graph_timeline.peak_at}, made of {what}. Raise the "
         f"budget to at least {floor.peak} bytes, or shrink the batch.",
         floor_bytes=floor.peak, dominated_by=what)
 
