@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from .capture import compile_planned
 from .errors import BudgetError, FxckptError, surface_through_dynamo
-from .options import Budget, Options, format_bytes
+from .options import DEFAULT_COMPILER, Budget, Options, format_bytes
 from .pipeline import Planner
 from .types import Plan
 
@@ -93,7 +93,7 @@ class Backend:
                 + ")")
 
 
-def backend(*, budget=None, policy=None, compiler: str = "inductor",
+def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
             solver: str = "auto", offload_bandwidth=None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 

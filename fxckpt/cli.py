@@ -151,7 +151,7 @@ def _demo_budget(text: str | None, model, inputs, core) -> tuple[Any, str]:
     import fxckpt
 
     try:
-        fxckpt.explain(model, *inputs, budget=1)
+        fxckpt.explain(model, *inputs, budget=1, compiler="eager")
     except fxckpt.BudgetError as refused:
         floor = refused.floor_bytes
         return floor, f"floor {floor / 2**20:.2f} MiB"

@@ -117,3 +117,20 @@ def test_zoo_policies_eager_compiler(name, policy, reset_dynamo):
     got = _step(lambda: fresh(ZOO[name]), be)
     assert any(plan.recomputed for plan in be.plans)
     assert_bitwise_equal(ref, got)
+
+
+def test_explain_and_pareto_plan_what_the_default_backend_runs(reset_dynamo):
+    model, inputs, loss_fn = _minimal()
+    be = fxckpt.backend(policy=pol.save_matmuls())
+    _step(_minimal, be)
+    explained = fxckpt.explain(model, *inputs, policy=pol.save_matmuls())
+    run = be.plans[0]
+    assert (set(explained.saved), set(explained.recomputed), explained.peak_bytes) == \
+        (set(run.saved), set(run.recomputed), run.peak_bytes)
+    assert any("inductor_seeds" in name for name in explained.saved)
+    eager = fxckpt.explain(model, *inputs, policy=pol.save_matmuls(), compiler="eager")
+    assert not any("inductor" in name for name in eager.saved + eager.recomputed)
+    sweep = fxckpt.pareto(model, *inputs)
+    assert any("inductor_seeds" in name for name in sweep.runtime_optimal.saved)
+    assert not any("inductor" in name for name in
+                   fxckpt.pareto(model, *inputs, compiler="eager").runtime_optimal.saved)
