@@ -67,7 +67,8 @@ class Planner:
 
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
-            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph)
+            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
+                                       fused=self.options.compiler == "inductor")
 
         return profile, tags, evaluate
 

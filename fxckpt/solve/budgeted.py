@@ -165,7 +165,8 @@ def dominated_by(rewritten, timeline) -> str:
     from ..memory import breakdown
 
     parts, largest, largest_bytes = breakdown(
-        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at)
+        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at,
+        fused=timeline.fused)
     total = sum(parts.values()) or 1
     ranked = sorted(parts.items(), key=lambda kv: -kv[1])
     kinds = ", ".join(f"{name} {format_bytes(b)} ({b / total:.0%})" for name, b in ranked[:3]
