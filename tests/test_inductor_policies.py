@@ -134,3 +134,27 @@ def test_explain_and_pareto_plan_what_the_default_backend_runs(reset_dynamo):
     assert any("inductor_seeds" in name for name in sweep.runtime_optimal.saved)
     assert not any("inductor" in name for name in
                    fxckpt.pareto(model, *inputs, compiler="eager").runtime_optimal.saved)
+
+
+@pytest.mark.parametrize("name", ["mlp", pytest.param("gpt", marks=pytest.mark.slow)])
+def test_inductor_predicted_peak_within_10_percent_of_measured(name, reset_dynamo):
+    """simulate(fused=True) leaves out what Inductor inlines into one reader."""
+    from fxckpt.measure import measure_peak_bytes
+
+    model, inputs, loss_fn = fresh(ZOO[name])
+    be = fxckpt.backend()
+    step = torch.compile(_Step(model, loss_fn), backend=be)
+    step(*inputs).backward()
+    model.zero_grad(set_to_none=True)
+    measured = measure_peak_bytes(lambda: step(*inputs).backward())
+    predicted = sum(plan.peak_bytes for plan in be.plans)
+    assert abs(measured - predicted) <= 0.10 * measured, (measured, predicted)
+
+
+class _Step(torch.nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, *inputs):
+        return self.loss_fn(self.model(*inputs))
