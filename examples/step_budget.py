@@ -67,7 +67,7 @@ def bitwise(a, b) -> bool:
 
 def floor(model, idx) -> int:
     try:
-        fxckpt.explain(model, idx, budget=1)
+        fxckpt.explain(model, idx, budget=1, compiler="eager")
     except fxckpt.BudgetError as refused:
         return refused.floor_bytes
     raise AssertionError("a budget of one byte was met")
@@ -148,7 +148,7 @@ def dynamic_shapes() -> str:
 
 def fraction() -> str:
     idx, targets = batch(4, 48)
-    low, high = floor(gpt(), idx), fxckpt.explain(gpt(), idx).peak_bytes
+    low, high = floor(gpt(), idx), fxckpt.explain(gpt(), idx, compiler="eager").peak_bytes
     model = gpt()
     compiled = torch.compile(model, backend=fxckpt.backend(compiler="eager", budget=0.5))
     got = [step(model, compiled, idx, targets) for _ in range(2)]

@@ -15,7 +15,7 @@ from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, allo
                            compile_key, weak)
 from fxckpt.memory import at_sizes
 from fxckpt.sizes import SizeCheck, SizesSeen
-from fxckpt.options import Budget, Options, format_bytes
+from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
 from fxckpt.pipeline import Planner
 from fxckpt.plan import Plan
 
@@ -73,7 +73,8 @@ class Backend:
         if entry.plan is not None and options.budget is not None \
                 and options.budget.bytes is not None and SizeCheck.needed(gm):
             check = SizeCheck(gm, planner.graphs[-1], budget=options.budget.bytes,
-                              planned_peak=entry.plan.peak_bytes)
+                              planned_peak=entry.plan.peak_bytes,
+                              fused=options.compiler == "inductor")
             runner.size_check = lambda args: self._check_sizes(check, args)
         if source is not None and entry.plan is not None:
             self._sources[id(entry)] = source
@@ -226,7 +227,7 @@ class Backend:
                 + ")")
 
 
-def backend(*, budget=None, policy=None, compiler: str = "inductor",
+def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
             solver: str = "auto", offload_bandwidth=None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 

@@ -70,7 +70,7 @@ def _demo_budget(text: str | None, model, inputs) -> tuple[Any, str]:
             else (int(text) if text.isdigit() else text)
         return value, f"budget {text}"
     try:
-        fxckpt.explain(model, *inputs, budget=1)
+        fxckpt.explain(model, *inputs, budget=1, compiler="eager")
     except fxckpt.BudgetError as refused:
         floor = refused.floor_bytes
         return floor, f"floor {floor / 2**20:.2f} MiB"

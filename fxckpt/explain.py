@@ -8,21 +8,24 @@ import torch.fx as fx
 from fxckpt.backend import Backend
 from fxckpt.capture import capture_once
 from fxckpt.errors import FxckptError
-from fxckpt.options import Options
+from fxckpt.options import DEFAULT_COMPILER, Options
 from fxckpt.plan import Plan, merge_plans
 
 
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,
-            solver: str = "auto", offload_bandwidth=None) -> Plan:
+            solver: str = "auto", offload_bandwidth=None,
+            compiler: str = DEFAULT_COMPILER) -> Plan:
     """Plan checkpointing for ``model_or_gm`` on ``example_inputs`` and return the
     Plan. A GraphModule is planned directly; an nn.Module is captured with
     Dynamo on a copy (its buffers and your RNG are left untouched), which runs
-    one forward on the example inputs."""
+    one forward on the example inputs. ``compiler`` is the backend's: the
+    default matches ``fxckpt.backend()``, so the plan explained is the plan
+    run (Inductor's joint-graph passes change the graph that is planned)."""
     if isinstance(model_or_gm, fx.GraphModule):
         from fxckpt.transform import transform
 
         plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
-                         compiler="eager", solver=solver,
+                         compiler=compiler, solver=solver,
                          offload_bandwidth=offload_bandwidth).plan
         if plan is None:
             raise FxckptError(_NO_GRAD)
@@ -30,7 +33,7 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
     if not isinstance(model_or_gm, torch.nn.Module) and not callable(model_or_gm):
         raise TypeError(f"explain takes an nn.Module or a GraphModule, got "
                         f"{type(model_or_gm).__name__}")
-    options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver,
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
     be = Backend(options)
     capture_once(model_or_gm, example_inputs, be)

@@ -31,6 +31,8 @@ COMPUTE_INTENSIVE_OPS = MATMUL_OPS | ATTENTION_OPS | CONV_OPS
 # Namespaces whose ops are pure functions of their inputs (random ones aside,
 # which replay their RNG state). Ops from elsewhere are never recomputed.
 PURE_NAMESPACES = frozenset({"aten", "prims", "fxckpt"})
+SEED_DRAW = ("Inductor's seed draw (saved, a few bytes; the random ops it seeds are "
+             "recomputed from it and replay exactly)")
 
 
 def op_packet(op):
@@ -80,6 +82,16 @@ def is_random(node: fx.Node) -> bool:
     return is_random_op(node.target)
 
 
+def is_seed_draw(node: fx.Node) -> bool:
+    """Inductor's draw of seeds for its native random ops (``fallback_random``
+    off): the ``inductor_random`` ops it feeds are pure functions of a seed, so
+    saving the seeds replays them exactly."""
+    # Matched by name: Inductor registers the op when it is first imported.
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and target.namespace == "prims" and target.__name__ == "inductor_seeds.default")
+
+
 def is_compute_intensive(node: fx.Node) -> bool:
     return packet(node) in COMPUTE_INTENSIVE_OPS
 
@@ -113,6 +125,8 @@ def not_recomputable_reason(node: fx.Node) -> str:
         if target.namespace not in PURE_NAMESPACES:
             return (f"custom op {target.namespace}::{target._schema.name.split('::')[-1]} "
                     "(fxckpt cannot know it is deterministic, so it never runs it twice)")
+        if is_seed_draw(node):
+            return SEED_DRAW
         if is_random(node):
             return _random_replay_obstacle(node)
     if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):

@@ -154,6 +154,10 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+# What fxckpt.backend() compiles with; explain and pareto default to it too.
+DEFAULT_COMPILER = "inductor"
+
+
 @dataclass(frozen=True)
 class Options:
     """Everything a user can set; built once, passed to every stage that needs it."""
@@ -162,7 +166,7 @@ class Options:
     # What ``policy=`` asked for, resolved once (fxckpt.policies.resolve);
     # None: no policy, the planner's defaults.
     policy: PolicyFactory | None = None
-    compiler: str = "inductor"
+    compiler: str = DEFAULT_COMPILER
     solver: str = "auto"
     # Bytes per second one way between device and pinned host memory, which
     # prices CPU offload; None: measured on the device the first time a plan
@@ -174,7 +178,7 @@ class Options:
     runs_per_step: int = 1
 
     @staticmethod
-    def create(*, budget: Any = None, policy: Any = None, compiler: str = "inductor",
+    def create(*, budget: Any = None, policy: Any = None, compiler: str = DEFAULT_COMPILER,
                solver: str = "auto", offload_bandwidth: Any = None) -> "Options":
         if compiler not in COMPILERS:
             raise ValueError(

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from fxckpt.capture import capture_once, compile_planned
 from fxckpt.errors import FxckptError
-from fxckpt.options import Options, format_bytes, parse_budget
+from fxckpt.options import DEFAULT_COMPILER, Options, format_bytes, parse_budget
 from fxckpt.pipeline import Frontier, FrontierPlanner
 from fxckpt.plan import Plan
 
@@ -73,7 +73,7 @@ class ParetoSweep:
 
 
 def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
-           solver: str = "auto") -> ParetoSweep:
+           solver: str = "auto", compiler: str = DEFAULT_COMPILER) -> ParetoSweep:
     """Sweep memory budgets for ``model`` on ``example_inputs``.
 
     ``budgets``: any budget forms (bytes, "512MiB", a fraction of the
@@ -82,12 +82,15 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
     trained: like ``fxckpt.explain``, a copy of the model runs one forward,
     with the caller's RNG left untouched. Rows come back in the order of
     ``budgets``; a budget below the floor gives a row without a plan.
+    ``compiler`` defaults to ``fxckpt.backend()``'s, so each row is the plan
+    that backend runs.
     """
     if solver not in ("auto", "ilp", "fast"):
         raise ValueError(f"pareto sweeps the budgeted solvers ('auto', 'ilp', 'fast'); "
                          f"solver={solver!r} plans without a budget")
     start = time.perf_counter()
-    frontier = capture_frontier(model, *example_inputs, policy=policy, solver=solver)
+    frontier = capture_frontier(model, *example_inputs, policy=policy, solver=solver,
+                                compiler=compiler)
     optimal = frontier.runtime_optimal
     if budgets is None:
         resolved: list[int | None] = [None] + [plan.peak_bytes for plan in frontier.plans]
@@ -99,9 +102,10 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
                        seconds=time.perf_counter() - start)
 
 
-def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto") -> Frontier:
+def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto",
+                     compiler: str = DEFAULT_COMPILER) -> Frontier:
     """Capture ``model``'s one joint graph and plan its whole frontier."""
-    options = Options.create(policy=policy, compiler="eager", solver=solver)
+    options = Options.create(policy=policy, compiler=compiler, solver=solver)
     planner = FrontierPlanner(options)
     capture_once(model, example_inputs,
                  lambda gm, inputs: compile_planned(gm, inputs, planner))

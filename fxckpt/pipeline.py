@@ -77,7 +77,8 @@ class Planner:
 
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
-            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph)
+            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
+                                       fused=self.options.compiler == "inductor")
 
         return profile, tags, evaluate
 
@@ -237,7 +238,8 @@ def _budget_error(no_fit: NoPlanFits) -> BudgetError:
 def dominated_by(rewritten, timeline) -> str:
     """Say what the memory live at the peak is made of."""
     parts, largest, largest_bytes = breakdown(
-        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at)
+        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at,
+        fused=getattr(timeline, "fused", False))
     total = sum(parts.values()) or 1
     ranked = sorted(parts.items(), key=lambda kv: -kv[1])
     kinds = ", ".join(f"{name} {format_bytes(b)} ({b / total:.0%})" for name, b in ranked[:3]

@@ -29,9 +29,10 @@ from fxckpt.options import format_bytes
 
 class SizeCheck:
     def __init__(self, gm: fx.GraphModule, graphs: tuple[fx.Graph, fx.Graph], *,
-                 budget: int, planned_peak: int) -> None:
+                 budget: int, planned_peak: int, fused: bool = False) -> None:
         self.sources = _symbol_sources(gm)
         self.graphs = graphs
+        self.fused = fused              # read with Inductor's inlining
         self.budget = budget
         self.planned_peak = planned_peak
         self.checked: dict[tuple, int] = {}
@@ -48,7 +49,7 @@ class SizeCheck:
         peak = self.checked.get(key)
         if peak is None:
             with at_sizes(bindings):
-                peak = simulate(*self.graphs).peak_bytes
+                peak = simulate(*self.graphs, fused=self.fused).peak_bytes
             self.checked[key] = peak
         return (bindings, peak) if peak > self.budget else None
 

@@ -449,7 +449,8 @@ def test_a_budget_overrides_prefer_but_never_must():
     # must(save_all()) peaks at is not.
     torch._dynamo.reset()
     model, _, _ = fresh(ZOO["gpt"])
-    peak = fxckpt.explain(model, *inputs, policy=pol.must(pol.save_all())).peak_bytes
+    peak = fxckpt.explain(model, *inputs, policy=pol.must(pol.save_all()),
+                          compiler="eager").peak_bytes
     be = fxckpt.backend(compiler="eager", policy=pol.must(pol.save_all()),
                         budget=int(0.9 * peak))
     with pytest.raises(Exception) as raised:

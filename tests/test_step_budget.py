@@ -45,7 +45,7 @@ def measured_step(model, inputs, loss_fn, seed: int = 3) -> int:
 
 def floor_of(model, inputs, **options) -> int:
     with pytest.raises(fxckpt.BudgetError) as refused:
-        fxckpt.explain(model, *inputs, budget=1, **options)
+        fxckpt.explain(model, *inputs, budget=1, compiler="eager", **options)
     return refused.value.floor_bytes
 
 
@@ -66,7 +66,7 @@ def test_recompiles_never_spend_the_budget():
             compiled(*inputs)
         model.train()
     other, _ = gpt(GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=32)), None
-    fxckpt.explain(other, *inputs)
+    fxckpt.explain(other, *inputs, compiler="eager")
     assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
 
 
@@ -81,8 +81,8 @@ def test_explain_leaves_other_compiled_models_alone():
     model = gpt()
     compiled = torch.compile(model, backend=counting)
     compiled(*inputs)
-    fxckpt.explain(gpt(), *inputs)
-    fxckpt.pareto(gpt(), *inputs, budgets=[None])
+    fxckpt.explain(gpt(), *inputs, compiler="eager")
+    fxckpt.pareto(gpt(), *inputs, budgets=[None], compiler="eager")
     compiled(*inputs)
     assert len(calls) == 1      # not compiled again: no global reset happened
 
@@ -182,8 +182,9 @@ def test_fractions_read_as_torch_reads_its_knob():
     rising as the fraction grows."""
     inputs, _ = batch(4, 48)
     floor = floor_of(gpt(), inputs)
-    optimal = fxckpt.explain(gpt(), *inputs).peak_bytes
-    plans = [fxckpt.explain(gpt(), *inputs, budget=f) for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    optimal = fxckpt.explain(gpt(), *inputs, compiler="eager").peak_bytes
+    plans = [fxckpt.explain(gpt(), *inputs, budget=f, compiler="eager")
+             for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
     assert plans[0].peak_bytes == floor
     assert plans[-1].peak_bytes <= optimal
     assert [p.peak_bytes for p in plans] == sorted(p.peak_bytes for p in plans)
@@ -191,7 +192,8 @@ def test_fractions_read_as_torch_reads_its_knob():
     assert all(b <= a for a, b in zip(costs, costs[1:]))
     for fraction, plan in zip((0.0, 0.25, 0.5, 0.75, 1.0), plans):
         assert plan.peak_bytes <= floor + fraction * (optimal - floor) + 1
-    assert fxckpt.explain(gpt(), *inputs, budget="50%").fingerprint == plans[2].fingerprint
+    assert fxckpt.explain(gpt(), *inputs, budget="50%",
+                          compiler="eager").fingerprint == plans[2].fingerprint
 
 
 def test_bad_budgets_and_policies_are_caught_at_the_call():

@@ -104,7 +104,7 @@ def run_model(name: str, config: BenchConfig, progress, *,
     progress.start(name, len(plan_ways) + sweep + floor_needed)
     if sweep:
         with progress.row("fxckpt frontier (pareto)"):
-            swept = pareto(Step(model, loss_fn), *inputs)
+            swept = pareto(Step(model, loss_fn), *inputs, compiler="eager")
         result.frontier = [frontier_point(plan) for plan in swept.frontier]
         result.floor["pareto_floor_bytes"] = swept.floor_bytes
     floor = None
@@ -302,7 +302,7 @@ def floor_bytes(step: torch.nn.Module, inputs) -> int | None:
     from fxckpt.explain import explain
 
     try:
-        explain(step, *inputs, budget=1)
+        explain(step, *inputs, budget=1, compiler="eager")
     except BudgetError as error:
         return error.floor_bytes
     return None

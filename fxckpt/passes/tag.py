@@ -29,6 +29,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from fxckpt.errors import PolicyError, warn_once
 from fxckpt.policies.api import OpCall, PolicyFactory, check_answer, finish
 from fxckpt.types import NodeProfile, Origin, Profile, Tag
+from fxckpt.ops import SEED_DRAW
 
 P = CheckpointPolicy
 _RECOMPUTE = (P.MUST_RECOMPUTE, P.PREFER_RECOMPUTE)
@@ -112,6 +113,10 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
     if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE \
             and node.device not in OFFLOAD_DEVICES:
         wanted = _offload_as_save(wanted)
+    if node.not_recomputable == SEED_DRAW:
+        # A policy asking to recompute a random op is served by recomputing the
+        # inductor_random ops from the saved seeds, so no request is refused.
+        return Tag(CheckpointPolicy.MUST_SAVE, SEED_DRAW, Origin.OP)
     if not node.recomputable:
         if wanted is not None and wanted.policy == CheckpointPolicy.MUST_RECOMPUTE:
             raise PolicyError(
