@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 import fxckpt
 from fxckpt.distributed import GraphRuns, check_plans_agree
-from fxckpt.measure import measure_peak_bytes
+from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.models import gpt_loss, make_model
 from fxckpt.options import format_bytes, parse_budget
 

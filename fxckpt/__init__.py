@@ -1,19 +1,20 @@
 """fxckpt: automatic, budgeted, correct activation checkpointing for PyTorch."""
 
-from . import policies
-from .backend import backend
-from .compile import compile
-from .eager import checkpoint
-from .errors import BudgetError, FxckptError, PlanError, PolicyError
-from .explain import explain
-from .naming import name
-from .options import parse_budget
-from .pareto import pareto
-from .transform import transform
-from .types import Plan
+from fxckpt import policies
+from fxckpt.backend import backend
+from fxckpt.compile import compile
+from fxckpt.eager.checkpoint import checkpoint, checkpoint_sequential
+from fxckpt.errors import BudgetError, FxckptError, PlanError, PolicyError
+from fxckpt.explain import explain
+from fxckpt.naming import name
+from fxckpt.options import parse_budget
+from fxckpt.pareto import pareto
+from fxckpt.transform import transform
+from fxckpt.plan import Plan
 
 __all__ = [
-    "backend", "compile", "transform", "checkpoint", "explain", "Plan", "parse_budget",
+    "backend", "compile", "transform", "checkpoint", "checkpoint_sequential", "explain",
+    "Plan", "parse_budget",
     "BudgetError", "FxckptError", "PlanError", "PolicyError", "policies", "name",
     "pareto",
 ]

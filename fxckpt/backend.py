@@ -2,88 +2,222 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import replace
 from typing import Any, Callable
 
 import torch.fx as fx
 
-from .capture import compile_planned
-from .errors import BudgetError, FxckptError, surface_through_dynamo
-from .options import Budget, Options, format_bytes
-from .pipeline import Planner
-from .types import Plan
+from fxckpt.capture import compile_planned
+from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
+from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, allocate,
+                           compile_key, weak)
+from fxckpt.memory import at_sizes
+from fxckpt.sizes import SizeCheck, SizesSeen
+from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
+from fxckpt.pipeline import Planner
+from fxckpt.plan import Plan
 
 
 class Backend:
-    """A dynamo backend that checkpoints every graph it is given.
+    """A dynamo backend that checkpoints every graph it is given, within one
+    budget for the whole training step (fxckpt/ledger.py).
 
-    ``plans`` holds one Plan per graph compiled with a backward, in order.
+    ``plans`` holds one Plan per graph compiled with a backward, in order
+    (re-plans replace theirs in ``ledger``, and are appended here too).
 
     ``reserved_bytes`` (optional) returns the bytes that pieces of the step
     other than this backend's graphs (eager fallback regions) hold for
     backward so far; a byte budget is shared with them. ``on_graph``
     (optional) is called with each graph Dynamo hands over and the plans
-    made for it.
+    made for it. ``compile_fn`` (optional) hands a graph and its Planner to
+    AOTAutograd and a compiler; by default ``capture.compile_planned``.
     """
 
-    def __init__(self, options: Options, *, node_policy=None,
+    def __init__(self, options: Options, *,
+                 compile_fn: Callable[[fx.GraphModule, list[Any], Planner], Any] = compile_planned,
                  reserved_bytes: Callable[[], int] | None = None,
                  on_graph: Callable[[fx.GraphModule, list[Plan]], Any] | None = None) -> None:
         self.options = options
-        self.node_policy = node_policy
         self.reserved_bytes = reserved_bytes
         self.on_graph = on_graph
+        self.compile_fn = compile_fn
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0
+        self.ledger = StepLedger()
+        self.replans = 0              # graphs re-planned once the step's runs were seen
+        self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
+        self._sizes = SizesSeen()
+        self._over_budget = False     # a graph of the first step ran at its floor
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+        frame, compile = compile_key(gm)
+        source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
+        runner = GraphRunner(None, self.ledger, self._on_new_step)
+        sizes = self._sizes.plan_at(frame, gm)
         try:
-            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append,
-                              node_policy=self.node_policy)
-            compiled = compile_planned(gm, example_inputs, planner)
+            options, planner = self._plan_and_compile(gm, example_inputs, runner, frame,
+                                                      compile, sizes)
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
         if not planner.plans:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
+        entry = LedgerEntry(frame, compile, planner.plans[-1] if planner.plans else None,
+                            weak(runner), frontier=planner.frontiers_seen[-1]
+                            if planner.frontiers_seen else ())
+        runner.entry = entry
+        self.ledger.add(entry)
+        if entry.plan is not None and options.budget is not None \
+                and options.budget.bytes is not None and SizeCheck.needed(gm):
+            check = SizeCheck(gm, planner.graphs[-1], budget=options.budget.bytes,
+                              planned_peak=entry.plan.peak_bytes,
+                              fused=options.compiler == "inductor")
+            runner.size_check = lambda args: self._check_sizes(check, args)
+        if source is not None and entry.plan is not None:
+            self._sources[id(entry)] = source
         if self.on_graph is not None:
             self.on_graph(gm, list(planner.plans))
-        return compiled
+        # Without a byte budget nothing needs the runs counted: the graph
+        # runs as compiled (the runner stays in the ledger, unreferenced).
+        return runner if self._byte_budget() is not None else runner.compiled
 
-    def _options_for_next_graph(self) -> Options:
-        """Split a byte budget across the graphs of one step (graph breaks).
+    def _plan_and_compile(self, gm, example_inputs, runner, frame, compile, sizes):
+        """Plan and compile for the graph's share of the budget. Where the
+        share left by the graphs before it is too small, the graph is planned
+        at its own floor for this first step, and the whole step is planned
+        again together once it has run (``replan``)."""
+        try:
+            options = self._options_for(frame, compile)
+            planner = Planner(options, on_plan=self.plans.append)
+            with at_sizes(sizes):
+                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+            return options, planner
+        except BudgetError as refused:
+            if not self.ledger.held_before(frame, compile) or self._byte_budget() is None:
+                raise
+            warnings.warn(
+                f"fxckpt: this graph does not fit what the graphs before it leave of the "
+                f"step's budget ({refused}); it runs at its own floor for now, and the "
+                "whole step is planned again, together, once its first step has run",
+                stacklevel=3)
+            self._over_budget = True
+        options = replace(self.options, budget=Budget(fraction=0.0))
+        planner = Planner(options, on_plan=self.plans.append)
+        with at_sizes(sizes):
+            runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+        return options, planner
 
-        Graphs compile in the order their forwards run. While graph k runs,
-        forward or backward, the activations graphs 1..k-1 saved are still
-        held; graphs after k have either not run yet (forward) or already
-        freed theirs (backward). So the step's peak is the largest, over k, of
-        graph k's own peak plus what the earlier graphs saved, and graph k is
-        given the budget minus those saved bytes. A fraction budget is read per
-        graph, as a fraction of that graph's runtime-optimal peak.
-
-        Eager fallback regions (``reserved_bytes``) count like earlier graphs:
-        what they hold is measured as they run, before the graphs after them
-        compile."""
+    def _byte_budget(self) -> int | None:
         budget = self.options.budget
-        if budget is None or budget.bytes is None:
+        return budget.bytes if budget is not None else None
+
+    def _options_for(self, frame: int, compile: int) -> Options:
+        """The options for one graph: a byte budget less what the rest of the
+        step holds while it runs (the ledger's graphs and the eager fallback
+        regions). A fraction budget is read per graph: 0 its floor, 1 its
+        runtime-optimal peak."""
+        budget = self._byte_budget()
+        if budget is None:
             return self.options
-        held_by_graphs = sum(plan.saved_bytes for plan in self.plans)
+        held_by_graphs = self.ledger.held_before(frame, compile)
         held_elsewhere = self.reserved_bytes() if self.reserved_bytes is not None else 0
         held = held_by_graphs + held_elsewhere
-        if held == 0:
-            return self.options
-        remaining = budget.bytes - held
+        remaining = budget - held
         if remaining <= 0:
-            holders = [f"the {format_bytes(held_by_graphs)} that the {len(self.plans)} "
-                       "graph(s) before this one"] if self.plans else []
+            holders = [f"the {format_bytes(held_by_graphs)} that the graphs running "
+                       "before this one"] if held_by_graphs else []
             if held_elsewhere:
                 holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback regions")
             raise BudgetError(
-                f"the budget of {format_bytes(budget.bytes)} is used up by "
+                f"the budget of {format_bytes(budget)} is used up by "
                 f"{' and '.join(holders)} save for backward; raise the budget",
                 floor_bytes=held + 1)
         return replace(self.options, budget=Budget(bytes=remaining))
+
+    def _on_new_step(self) -> None:
+        """A step ended: if its graphs, run as often as they were, hold more
+        than the budget allows, re-plan each once, in run order."""
+        budget = self._byte_budget()
+        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        predicted = self.ledger.step_peak() + reserved
+        if budget is None or self.ledger.steps != 1 or \
+                (predicted <= budget and not self._over_budget):
+            return
+        runs = {e.runs for e in self.ledger.run_order()}
+        warnings.warn(
+            f"fxckpt: the first training step was predicted to peak at "
+            f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}: its graphs "
+            f"ran {', '.join(map(str, sorted(runs)))} time(s) each, which their plans could "
+            "not know; re-planning them once for the steps after it (see each plan's notes)",
+            stacklevel=2)
+        self.replan()
+
+    def _check_sizes(self, check: SizeCheck, args) -> None:
+        """A dynamic-shape graph about to run at sizes where its plan would
+        exceed its share of the budget: refuse before it runs."""
+        over = check.over_budget(args)
+        if over is not None:
+            raise check.refusal(*over)
+
+    def replan(self) -> None:
+        """Plan the step's graphs again, together: one frontier plan each, in
+        the order they ran, counting a graph that runs r times as holding r
+        copies of what it saves (``ledger.allocate``); BudgetError naming the
+        step's floor where no choice fits."""
+        budget = self._byte_budget()
+        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        order = self.ledger.run_order()
+        for entry in order:
+            if entry.runs > 1 and entry.frontier:
+                entry.frontier = self._frontier_for_runs(entry)
+        graphs = [(e.runs, e.frontier or ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),))
+                  for e in order]
+        try:
+            choice = allocate(graphs, budget, reserved)
+        except StepFloor as refused:
+            raise BudgetError(
+                f"no plans fit a budget of {format_bytes(budget)} for the whole step: its "
+                f"{len(order)} graph(s) ran {[e.runs for e in order]} time(s) each, and at "
+                f"the lowest peak each can reach the step peaks at "
+                f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
+                + (f", {format_bytes(reserved)} of it held by eager fallback regions"
+                   if reserved else "") + f". Raise the budget to at least {refused.floor} "
+                "bytes, or shrink the batch.", floor_bytes=refused.floor) from None
+        held = reserved
+        for entry, (runs, points), j in zip(order, graphs, choice):
+            own_peak, saved, _ = points[j]
+            if entry.frontier and (own_peak, saved) != (entry.plan.peak_bytes,
+                                                         entry.plan.saved_bytes):
+                self._recompile(entry, own_peak + (runs - 1) * saved, runs, note=(
+                    f"re-planned after the first step: runs {runs} time(s) per step; "
+                    f"the graphs before it hold {format_bytes(held)}"))
+            held += runs * saved
+
+    def _frontier_for_runs(self, entry: LedgerEntry) -> tuple:
+        """The frontier of a graph that runs ``entry.runs`` times per step,
+        by its peak plus its other runs' saved bytes: plans that save less
+        at a higher peak of their own count there."""
+        gm, example_inputs = self._sources[id(entry)]
+        options = replace(self.options, budget=Budget(bytes=2**62), runs_per_step=entry.runs)
+        planner = Planner(options)
+        self.compile_fn(graph_copy(gm), example_inputs, planner)
+        return planner.frontiers_seen[-1]
+
+    def _recompile(self, entry: LedgerEntry, step_peak: int, runs: int, *, note: str) -> None:
+        """Compile the entry's graph again with the frontier plan whose peak
+        plus its other runs' saved bytes is ``step_peak`` (the cheapest that
+        fits it is that plan)."""
+        gm, example_inputs = self._sources[id(entry)]
+        options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
+        planner = Planner(options, on_plan=self.plans.append)
+        compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
+        plan = planner.plans[-1]
+        entry.plan = replace(plan, notes=plan.notes + (note,))
+        entry.runner().set_compiled(compiled)
+        self.replans += 1
 
     def __repr__(self) -> str:
         o = self.options
@@ -93,12 +227,14 @@ class Backend:
                 + ")")
 
 
-def backend(*, budget=None, policy=None, compiler: str = "inductor",
+def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
             solver: str = "auto", offload_bandwidth=None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 
-    ``budget``: bytes (int), a string such as "512MiB", or a float in (0, 1]
-    read as a fraction of the runtime-optimal plan's peak; None for the
+    ``budget``: bytes (int) or a string such as "512MiB", for the whole
+    training step (fxckpt/ledger.py); or a fraction in [0, 1] (a float, or a
+    string such as "0.5" or "50%") read as torch's activation_memory_budget:
+    0 the floor, 1 the runtime-optimal plan's peak. None for the
     runtime-optimal plan. ``compiler``: "inductor" or "eager".
     ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
     between device and pinned host memory, the price of CPU offload under a
@@ -106,22 +242,40 @@ def backend(*, budget=None, policy=None, compiler: str = "inductor",
     """
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
-    return Backend(options, node_policy=_node_policy(options.policy))
+    return Backend(options)
 
 
 def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, **_):
-    """Entry point for ``torch.compile(model, backend="fxckpt", options={...})``."""
-    return _from_mapping(options)(gm, example_inputs)
+    """Entry point for ``torch.compile(model, backend="fxckpt", options={...})``.
+
+    Dynamo calls it once per graph with the ``options`` mapping of that
+    ``torch.compile`` call; the graphs of one call share one Backend, and so
+    one budget for the step."""
+    return _backend_for(options)(gm, example_inputs)
 
 
-def _from_mapping(options: dict | None) -> Backend:
-    resolved = Options.from_mapping(options)
-    return Backend(resolved, node_policy=_node_policy(resolved.policy))
+# One Backend per torch.compile call with options, keyed by the options
+# mapping that call passes with every graph (kept, so its id stays its own).
+_by_options: dict[int, tuple[dict | None, Backend]] = {}
 
 
-def _node_policy(policy):
-    if policy is None:
-        return None
-    from .policies import resolve_policy
+def _backend_for(options: dict | None) -> Backend:
+    kept = _by_options.get(id(options))
+    if kept is None or kept[0] is not options:
+        kept = (options, Backend(Options.from_mapping(options)))
+        _by_options[id(options)] = kept
+    return kept[1]
 
-    return resolve_policy(policy)
+
+def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a Dynamo graph to plan again later, with what AOTAutograd
+    reads off Dynamo's graphs to tell parameters from activations (the
+    inputs' sources), which a deep copy of the graph leaves behind."""
+    copied = copy.deepcopy(gm)
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"),
+                        copied.graph.find_nodes(op="placeholder")):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
+    if hasattr(gm, "_param_name_to_source"):
+        copied._param_name_to_source = gm._param_name_to_source
+    return copied

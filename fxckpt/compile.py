@@ -24,11 +24,11 @@ import torch.fx as fx
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from .backend import Backend, _node_policy
-from .fallback import (BreakSite, Ledger, Region, attribute, describe_frame, find_breaks,
+from fxckpt.backend import Backend
+from fxckpt.eager.fallback import (BreakSite, Ledger, Region, attribute, describe_frame, find_breaks,
                        outermost)
-from .options import Budget, Options, format_bytes
-from .types import Plan
+from fxckpt.options import Budget, Options, format_bytes
+from fxckpt.plan import Plan
 
 
 def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "inductor",
@@ -159,7 +159,7 @@ class Fallback:
         self.model = model
         self.options = options
         self.ledger = Ledger(budget=options.budget)
-        self.backend = Backend(options, node_policy=_node_policy(options.policy),
+        self.backend = Backend(options,
                                reserved_bytes=self.ledger.held_bytes,
                                on_graph=self._record_graph)
         self.prepared = False

@@ -18,7 +18,7 @@ What the backend is given on each rank (torch 2.13):
 
 So neither puts a collective in a graph fxckpt plans. Where user code does
 (functional collectives), the collective's value is saved, never recomputed
-(``passes/ops.py``), and a policy that demands its recomputation is an error.
+(``fxckpt/ops.py``), and a policy that demands its recomputation is an error.
 
 ``check_plans_agree`` compares plan fingerprints across ranks; ``GraphRuns``
 counts how often each compiled graph runs in a step, so what the step holds can
@@ -34,9 +34,9 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import BudgetError, FxckptError
-from .options import format_bytes
-from .types import Plan
+from fxckpt.errors import BudgetError, FxckptError
+from fxckpt.options import format_bytes
+from fxckpt.plan import Plan
 
 
 def plans_fingerprint(plans: Sequence[Plan]) -> str:
@@ -106,10 +106,11 @@ class GraphRuns:
     graphs run in a step, in order (since the last ``new_step()``, called as a
     step begins).
 
-    The Backend gives each graph the budget less what the graphs compiled
-    before it save, as if each ran once per step. Under FSDP2 one block graph
-    runs once per block, and the step holds its saved bytes that many times.
-    Counting runs, ``peak_bytes()`` is the step's peak as the plans predict it
+    The Backend's own ledger (fxckpt/ledger.py) budgets the step: under FSDP2
+    one block graph runs once per block, the step holds its saved bytes that
+    many times, and the backend re-plans it after the first step. This
+    records the same runs from outside, per step, for tests and examples:
+    ``peak_bytes()`` is the step's peak as the current plans predict it
     (``predicted_peak`` over the runs) and ``check_budget()`` raises where that
     exceeds the budget.
 
@@ -121,21 +122,28 @@ class GraphRuns:
     def __init__(self, backend, *, around: Callable[[], ContextManager] | None = None):
         self.backend = backend
         self.around = around
-        self.plans: list[Plan | None] = []   # per compiled graph; None: no backward
+        self._graphs: list[tuple[Any, Plan | None]] = []   # (what the backend returned, plan)
         self.order: list[int] = []           # graph indices, as they ran this step
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         before = len(self.backend.plans)
         compiled = self.backend(gm, example_inputs)
         new = self.backend.plans[before:]
-        self.plans.append(new[0] if new else None)
-        return self._recorded(compiled, len(self.plans) - 1)
+        self._graphs.append((compiled, new[0] if new else None))
+        return self._recorded(compiled, len(self._graphs) - 1)
+
+    @property
+    def plans(self) -> list[Plan | None]:
+        """Each compiled graph's plan as it stands (None: no backward); a
+        re-plan of the backend's after the first step replaces it."""
+        return [getattr(getattr(compiled, "entry", None), "plan", plan)
+                for compiled, plan in self._graphs]
 
     def _recorded(self, compiled, index: int):
         boxed = getattr(compiled, "_boxed_call", False)
 
         def run(*args):
-            flat = args[0] if boxed else args
+            flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
             if any(isinstance(a, torch._subclasses.FakeTensor) for a in flat):
                 return compiled(*args)
             self.order.append(index)
@@ -161,7 +169,8 @@ class GraphRuns:
         return predicted_peak(self._planned_runs())
 
     def _planned_runs(self) -> list[Plan]:
-        return [self.plans[i] for i in self.order if self.plans[i] is not None]
+        plans = self.plans
+        return [plans[i] for i in self.order if plans[i] is not None]
 
     def check_budget(self, budget_bytes: int | None = None) -> int:
         """The step's predicted peak; BudgetError where it exceeds
@@ -180,6 +189,7 @@ class GraphRuns:
         raise BudgetError(
             f"this step peaks at {format_bytes(peak)} by the plans, over the budget of "
             f"{format_bytes(budget_bytes)}" + (f": {detail}" if detail else "")
-            + ". The backend budgets each graph as if it ran once per step; where "
-            "Dynamo reuses one graph for every block (FSDP2), give the backend the "
-            "step budget divided by the number of runs.", floor_bytes=None)
+            + ". The backend re-plans graphs that run several times per step once "
+            "the first step has shown how often they run (fxckpt/ledger.py); a check "
+            "during that first step can still see the plans made before it.",
+            floor_bytes=None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 
 class FxckptError(RuntimeError):
     """Base class for errors raised by fxckpt."""
@@ -49,3 +51,13 @@ def surface_through_dynamo(error: FxckptError) -> FxckptError:
     surfaced.__dict__.update(error.__dict__)
     surfaced.first_useful_frame = None
     return surfaced
+
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str, *, stacklevel: int = 2) -> None:
+    """Warn ``message`` the first time ``key`` is warned about in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=stacklevel + 1)

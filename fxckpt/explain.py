@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.fx as fx
 
-from .backend import Backend, _node_policy
-from .errors import FxckptError
-from .options import Options
-from .types import Plan
+from fxckpt.backend import Backend
+from fxckpt.capture import capture_once
+from fxckpt.errors import FxckptError
+from fxckpt.options import DEFAULT_COMPILER, Options
+from fxckpt.plan import Plan, merge_plans
 
 
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,
-            solver: str = "auto", offload_bandwidth=None) -> Plan:
+            solver: str = "auto", offload_bandwidth=None,
+            compiler: str = DEFAULT_COMPILER) -> Plan:
     """Plan checkpointing for ``model_or_gm`` on ``example_inputs`` and return the
     Plan. A GraphModule is planned directly; an nn.Module is captured with
     Dynamo on a copy (its buffers and your RNG are left untouched), which runs
-    one forward on the example inputs."""
+    one forward on the example inputs. ``compiler`` is the backend's: the
+    default matches ``fxckpt.backend()``, so the plan explained is the plan
+    run (Inductor's joint-graph passes change the graph that is planned)."""
     if isinstance(model_or_gm, fx.GraphModule):
-        from .transform import transform
+        from fxckpt.transform import transform
 
         plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
-                         compiler="eager", solver=solver,
+                         compiler=compiler, solver=solver,
                          offload_bandwidth=offload_bandwidth).plan
         if plan is None:
             raise FxckptError(_NO_GRAD)
@@ -31,15 +33,10 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
     if not isinstance(model_or_gm, torch.nn.Module) and not callable(model_or_gm):
         raise TypeError(f"explain takes an nn.Module or a GraphModule, got "
                         f"{type(model_or_gm).__name__}")
-    options = Options.create(budget=budget, policy=policy, compiler="eager", solver=solver,
+    options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
-    be = Backend(options, node_policy=_node_policy(options.policy))
-    model = copy.deepcopy(model_or_gm) if isinstance(model_or_gm, torch.nn.Module) \
-        else model_or_gm
-    torch._dynamo.reset()
-    with torch.random.fork_rng(devices=_devices(example_inputs)):
-        torch.compile(model, backend=be)(*example_inputs)
-    torch._dynamo.reset()
+    be = Backend(options)
+    capture_once(model_or_gm, example_inputs, be)
     if not be.plans:
         if be.graphs_without_backward:
             raise FxckptError(_NO_GRAD)
@@ -48,16 +45,9 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
             "run with TORCH_LOGS=graph_breaks to see why")
     if len(be.plans) == 1:
         return be.plans[0]
-    from .merge import merge_plans
-
     return merge_plans(be.plans)
 
 
 _NO_GRAD = ("nothing requires grad (no parameter or input has requires_grad=True, or "
             "grad mode is off), so there is no backward and nothing to checkpoint")
 
-
-def _devices(example_inputs):
-    return sorted({t.device for t in example_inputs
-                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"},
-                  key=str)

@@ -7,10 +7,17 @@ outputs (saved values and what the caller receives) and backward outputs
 (gradients) stay alive to the end of the step. Graph inputs (parameters,
 buffers, the batch) exist before the step and are not counted, matching a
 measurement taken above the memory in use when the step starts.
+
+``fused=True`` models Inductor: a pointwise op whose one reader is another
+pointwise op or a reduction is inlined into that reader's kernel and never
+allocated (Inductor realizes a pointwise buffer when an extern kernel such as
+a matmul reads it, when several ops read it, or when it leaves the graph).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +26,8 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import offload as _registers_offload_ops  # noqa: F401
+from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
+from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
 # What fxckpt::offload returns lives in host memory, never on the device (on
 # a CPU stand-in device too, where tests let host values "offload").
@@ -31,31 +39,33 @@ class MemoryTimeline:
     peak_bytes: int
     peak_at: str                                  # "forward:<node>" or "backward:<node>"
     points: tuple[tuple[str, str, int], ...]      # (phase, node, live bytes after it ran)
+    fused: bool = False                           # simulated with Inductor's inlining
 
 
-def simulate(forward: fx.Graph, backward: fx.Graph | None = None) -> MemoryTimeline:
-    walk = _walk(forward, backward)
-    return MemoryTimeline(walk.peak, walk.peak_at, tuple(walk.points))
+def simulate(forward: fx.Graph, backward: fx.Graph | None = None, *,
+             fused: bool = False) -> MemoryTimeline:
+    walk = _walk(forward, backward, fused=fused)
+    return MemoryTimeline(walk.peak, walk.peak_at, tuple(walk.points), fused)
 
 
-def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str
-              ) -> tuple[dict[str, int], str, int]:
+def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str, *,
+              fused: bool = False) -> tuple[dict[str, int], str, int]:
     """What the memory live just after node ``at`` ("phase:name") is made of:
     bytes per kind, and the largest single value with its bytes."""
-    walk = _walk(forward, backward, stop_at=at)
+    walk = _walk(forward, backward, stop_at=at, fused=fused)
     saved = _output_storages(forward)
     grads = _output_storages(backward) if backward is not None else set()
     parts: dict[str, int] = {}
     largest = max(walk.live.items(), key=lambda kv: kv[1], default=(None, 0))
     for ref, nbytes in walk.live.items():
-        producer = walk.producer.get(ref, "")
+        phase, producer = split_point(walk.producer.get(ref, "forward:"))
         if ref in grads:
             kind = "gradients"
-        elif ref in saved and not producer.startswith("backward:"):
+        elif ref in saved and phase != BACKWARD:
             kind = "saved activations"
-        elif producer.endswith("_recomputed"):
+        elif is_recomputed_name(producer):
             kind = "recomputed values"
-        elif producer.startswith("backward:"):
+        elif phase == BACKWARD:
             kind = "backward temporaries"
         else:
             kind = "forward temporaries"
@@ -63,16 +73,42 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str
     return parts, walk.producer.get(largest[0], "?"), largest[1]
 
 
-def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = None):
+def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = None,
+          fused: bool = False):
     not_counted = {ref for node in forward.find_nodes(op="placeholder")
                    for ref, _ in _storages(node)}
     state = _Walk({}, not_counted, stop_at, device=_compute_device(forward))
-    state.run(forward, "forward", keep=_output_storages(forward))
+    state.run(forward, "forward", keep=_output_storages(forward),
+              inlined=inlined_by_inductor(forward) if fused else set())
     if backward is not None and not state.stopped:
         for node in backward.find_nodes(op="placeholder"):
             state.allocate(node, "backward")  # saved values are live already; tangents are new
-        state.run(backward, "backward", keep=_output_storages(backward))
+        state.run(backward, "backward", keep=_output_storages(backward),
+                  inlined=inlined_by_inductor(backward) if fused else set())
     return state
+
+
+def inlined_by_inductor(graph: fx.Graph) -> set[fx.Node]:
+    """Pointwise nodes Inductor computes inside their one reader's kernel."""
+    outputs = set(graph.output_node().all_input_nodes)
+    return {node for node in graph.nodes
+            if _fuses(node) and node not in outputs and len(node.users) == 1
+            and all(_fuses(user) or _is_reduction(user) for user in node.users)}
+
+
+def _fuses(node: fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.pointwise in target.tags or target.__name__ in _INDUCTOR_POINTWISE
+
+
+def _is_reduction(node: fx.Node) -> bool:
+    return getattr(node.target, "overloadpacket", None) in _REDUCTIONS
+
+
+# Inductor's random prims lower to pointwise code.
+_INDUCTOR_POINTWISE = frozenset({"inductor_random.default", "inductor_randint.default"})
 
 
 class _Walk:
@@ -94,20 +130,21 @@ class _Walk:
         for ref, nbytes in _storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
-                self.producer[ref] = f"{phase}:{node.name}"
+                self.producer[ref] = point(phase, node.name)
 
-    def run(self, graph: fx.Graph, phase: str, *, keep: set) -> None:
+    def run(self, graph: fx.Graph, phase: str, *, keep: set, inlined=frozenset()) -> None:
         frees: dict[int, list[StorageWeakRef]] = {}
         for ref, last in _last_uses(graph).items():
             frees.setdefault(last, []).append(ref)
         for index, node in enumerate(graph.nodes):
             if node.op == "output":
                 break
-            self.allocate(node, phase)
+            if node not in inlined:
+                self.allocate(node, phase)
             total = sum(self.live.values()) + workspace_bytes(node)
             if total > self.peak:
-                self.peak, self.peak_at = total, f"{phase}:{node.name}"
-            if self.stop_at == f"{phase}:{node.name}":
+                self.peak, self.peak_at = total, point(phase, node.name)
+            if self.stop_at == point(phase, node.name):
                 self.stopped = True
                 return
             for ref in frees.get(index, ()):
@@ -140,6 +177,9 @@ def workspace_bytes(node: fx.Node) -> int:
 
 
 _aten = torch.ops.aten
+_REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.prod,
+                         _aten.var_mean, _aten.var, _aten.max, _aten.min,
+                         _aten.argmax, _aten.argmin, _aten.any, _aten.all})
 # op -> which tensors' bytes the scratch equals (-1: the op's output).
 _WORKSPACE = {
     _aten.native_dropout: (0,),
@@ -153,6 +193,15 @@ _WORKSPACE = {
 
 def _nbytes(node) -> int:
     return tensor_bytes(node.meta.get("val")) if isinstance(node, fx.Node) else 0
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """What identifies the storage a tensor lives in (views share it), while
+    it is alive; None for tensors without one (sparse, some subclasses)."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def tensor_bytes(val) -> int:
@@ -195,10 +244,32 @@ def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
 
 
 def concrete(x) -> int:
-    """An int from a size that may be symbolic (its hint; 0 when it has none)."""
+    """An int from a size that may be symbolic: under ``at_sizes`` its value
+    at those sizes, else its hint (0 when it has none)."""
     if isinstance(x, torch.SymInt):
+        bindings = _sizes.get()
+        if bindings:
+            env = x.node.shape_env
+            known = {**(getattr(env, "backed_var_to_val", None) or env.var_to_val), **bindings}
+            value = x.node.expr
+            value = value.xreplace(known) if hasattr(value, "xreplace") else value
+            if isinstance(value, int) or value.is_number:
+                return int(value)
         return int(x.node.hint or 0)
     return int(x)
+
+
+_sizes: contextvars.ContextVar[dict | None] = contextvars.ContextVar("sizes", default=None)
+
+
+@contextlib.contextmanager
+def at_sizes(bindings: dict):
+    """Read symbolic sizes at ``bindings`` (sympy symbol -> int) inside."""
+    token = _sizes.set(bindings)
+    try:
+        yield
+    finally:
+        _sizes.reset(token)
 
 
 def _last_uses(graph: fx.Graph) -> dict[StorageWeakRef, int]:

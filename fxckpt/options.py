@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+from fxckpt.policies.api import PolicyFactory
+from fxckpt.policies.resolve import resolve_policy
 
 COMPILERS = ("inductor", "eager")
 OPTION_NAMES = ("budget", "policy", "compiler", "solver", "offload_bandwidth")
@@ -17,28 +24,35 @@ _UNITS = {
 }
 _BUDGET_FORMS = (
     "a budget is None, a positive number of bytes (int), a string with units "
-    "such as '512MiB', '2GB' or '1.5GiB', or a float in (0, 1] read as a "
-    "fraction of the runtime-optimal plan's peak"
+    "such as '512MiB', '2GB' or '1.5GiB', or a fraction in [0, 1] (a float, or "
+    "a string such as '0.5' or '50%') read as torch's activation_memory_budget: "
+    "0 is the lowest peak any plan reaches, 1 the runtime-optimal plan's peak"
 )
 
 
 @dataclass(frozen=True)
 class Budget:
-    """A memory budget: absolute bytes, or a fraction of the runtime-optimal peak."""
+    """A memory budget: absolute bytes (a hard limit), or a fraction read as
+    torch's ``activation_memory_budget``: 0 is the floor (the lowest peak any
+    plan reaches), 1 the runtime-optimal plan's peak, values between
+    interpolate the peak. A fraction is always feasible and monotone."""
 
     bytes: int | None = None
     fraction: float | None = None
 
-    def resolve(self, runtime_optimal_peak: int) -> int:
+    def resolve(self, runtime_optimal_peak: int, floor: int | None = None) -> int:
+        """Bytes, given the runtime-optimal peak and (for fractions) the floor;
+        without a floor a fraction is read against zero."""
         if self.bytes is not None:
             return self.bytes
         assert self.fraction is not None
-        return int(self.fraction * runtime_optimal_peak)
+        low = min(floor or 0, runtime_optimal_peak)
+        return int(low + self.fraction * (runtime_optimal_peak - low))
 
     def __str__(self) -> str:
         if self.bytes is not None:
             return format_bytes(self.bytes)
-        return f"{self.fraction:g} x runtime-optimal peak"
+        return f"{self.fraction:g} of the way from the floor to the runtime-optimal peak"
 
 
 def parse_budget(value: Any) -> Budget | None:
@@ -52,23 +66,64 @@ def parse_budget(value: Any) -> Budget | None:
     if isinstance(value, int):
         if value <= 0:
             raise ValueError(f"budget={value!r} must be positive: {_BUDGET_FORMS}")
-        return Budget(bytes=value)
+        return Budget(bytes=_checked_bytes(value, value))
     if isinstance(value, float):
-        if not 0.0 < value <= 1.0:
-            raise ValueError(
-                f"budget={value!r} is a float outside (0, 1]: {_BUDGET_FORMS}; "
-                "for an absolute budget pass an int or a string like '512MiB'")
-        return Budget(fraction=value)
+        return Budget(fraction=_fraction(value, value))
     if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise ValueError(f"budget={value!r} is not understood: {_BUDGET_FORMS}")
-        amount = int(float(match.group(1)) * _UNITS[unit])
-        if amount <= 0:
-            raise ValueError(f"budget={value!r} must be positive: {_BUDGET_FORMS}")
-        return Budget(bytes=amount)
+        return _parse_budget_text(value)
     raise ValueError(f"budget={value!r} has type {type(value).__name__}: {_BUDGET_FORMS}")
+
+
+def _fraction(fraction: float, asked: Any) -> float:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(
+            f"budget={asked!r} is a fraction outside [0, 1]: {_BUDGET_FORMS}; "
+            "for an absolute budget pass an int or a string like '512MiB'")
+    return fraction
+
+
+def _parse_budget_text(value: str) -> Budget:
+    text = value.strip()
+    if text.endswith("%"):
+        try:
+            return Budget(fraction=_fraction(float(text[:-1]) / 100, value))
+        except ValueError as error:
+            if "outside" in str(error):
+                raise
+            raise ValueError(f"budget={value!r} is not understood: {_BUDGET_FORMS}") from None
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"budget={value!r} is not understood: {_BUDGET_FORMS}")
+    if not unit and "." in match.group(1):   # "0.5": a fraction, as the float would be
+        return Budget(fraction=_fraction(float(match.group(1)), value))
+    amount = int(float(match.group(1)) * _UNITS[unit])
+    if amount <= 0:
+        raise ValueError(f"budget={value!r} must be positive: {_BUDGET_FORMS}")
+    return Budget(bytes=_checked_bytes(amount, value))
+
+
+def _checked_bytes(amount: int, asked: Any) -> int:
+    """Warn about a byte budget larger than any memory here: a unit slip
+    ("512GiB" for "512MiB") would otherwise pass as "no limit" silently."""
+    largest = _largest_memory()
+    if largest and amount > largest:
+        warnings.warn(f"budget={asked!r} ({format_bytes(amount)}) is more than any memory "
+                      f"on this machine holds (the largest is {format_bytes(largest)}); "
+                      "it will never bind. Did you mean a smaller unit?", stacklevel=4)
+    return amount
+
+
+def _largest_memory() -> int:
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    if torch.cuda.is_available():
+        sizes += [torch.cuda.get_device_properties(i).total_memory
+                  for i in range(torch.cuda.device_count())]
+    return max(sizes, default=0)
 
 
 def parse_bandwidth(value: Any) -> float | None:
@@ -99,21 +154,31 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+# What fxckpt.backend() compiles with; explain and pareto default to it too.
+DEFAULT_COMPILER = "inductor"
+
+
 @dataclass(frozen=True)
 class Options:
     """Everything a user can set; built once, passed to every stage that needs it."""
 
     budget: Budget | None = None
-    policy: Any = None
-    compiler: str = "inductor"
+    # What ``policy=`` asked for, resolved once (fxckpt.policies.resolve);
+    # None: no policy, the planner's defaults.
+    policy: PolicyFactory | None = None
+    compiler: str = DEFAULT_COMPILER
     solver: str = "auto"
     # Bytes per second one way between device and pinned host memory, which
     # prices CPU offload; None: measured on the device the first time a plan
     # can offload (fxckpt/bandwidth.py).
     offload_bandwidth: float | None = None
+    # Set by the backend, not by users: how many times per step the graph
+    # being planned runs (one block graph serving every block). A byte budget
+    # then bounds its peak plus what its other runs hold.
+    runs_per_step: int = 1
 
     @staticmethod
-    def create(*, budget: Any = None, policy: Any = None, compiler: str = "inductor",
+    def create(*, budget: Any = None, policy: Any = None, compiler: str = DEFAULT_COMPILER,
                solver: str = "auto", offload_bandwidth: Any = None) -> "Options":
         if compiler not in COMPILERS:
             raise ValueError(
@@ -122,7 +187,7 @@ class Options:
                 "debugging and bitwise checks)")
         if solver not in SOLVERS:
             raise ValueError(f"solver={solver!r} is not known; choose one of {SOLVERS}")
-        return Options(budget=parse_budget(budget), policy=policy,
+        return Options(budget=parse_budget(budget), policy=resolve_policy(policy),
                        compiler=compiler, solver=solver,
                        offload_bandwidth=parse_bandwidth(offload_bandwidth))
 

@@ -1,6 +1,6 @@
 """fxckpt.pareto: what each memory budget costs, from one capture.
 
-The budget only selects among a fixed set of plans: solve/budgeted.py builds
+The budget only selects among a fixed set of plans: solve/frontier.py builds
 the graph's peak / recompute-cost frontier without looking at the budget,
 then takes the cheapest frontier plan that fits. So a sweep captures the
 joint graph once, plans the frontier once (pipeline.FrontierPlanner), and
@@ -10,19 +10,16 @@ each row is the plan ``fxckpt.backend(budget=...)`` would choose.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-import torch
 
-from .backend import _node_policy
-from .capture import compile_planned
-from .errors import FxckptError
-from .options import Options, format_bytes, parse_budget
-from .pipeline import Frontier, FrontierPlanner
-from .types import Plan
+from fxckpt.capture import capture_once, compile_planned
+from fxckpt.errors import FxckptError
+from fxckpt.options import DEFAULT_COMPILER, Options, format_bytes, parse_budget
+from fxckpt.pipeline import Frontier, FrontierPlanner
+from fxckpt.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -60,23 +57,23 @@ class ParetoSweep:
     def plot(self, ax=None, *, label: str = "fxckpt frontier"):
         """Predicted peak against recompute cost: the frontier as a step
         line, the swept budgets as markers. Returns the matplotlib Figure."""
-        from .render import plot_pareto
+        from fxckpt.render import plot_pareto
 
         return plot_pareto(self, ax=ax, label=label)
 
     def __str__(self) -> str:
-        from .render import sweep_text
+        from fxckpt.render import sweep_text
 
         return sweep_text(self)
 
     def _repr_html_(self) -> str:
-        from .render import sweep_html
+        from fxckpt.render import sweep_html
 
         return sweep_html(self)
 
 
 def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
-           solver: str = "auto") -> ParetoSweep:
+           solver: str = "auto", compiler: str = DEFAULT_COMPILER) -> ParetoSweep:
     """Sweep memory budgets for ``model`` on ``example_inputs``.
 
     ``budgets``: any budget forms (bytes, "512MiB", a fraction of the
@@ -85,12 +82,15 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
     trained: like ``fxckpt.explain``, a copy of the model runs one forward,
     with the caller's RNG left untouched. Rows come back in the order of
     ``budgets``; a budget below the floor gives a row without a plan.
+    ``compiler`` defaults to ``fxckpt.backend()``'s, so each row is the plan
+    that backend runs.
     """
     if solver not in ("auto", "ilp", "fast"):
         raise ValueError(f"pareto sweeps the budgeted solvers ('auto', 'ilp', 'fast'); "
                          f"solver={solver!r} plans without a budget")
     start = time.perf_counter()
-    frontier = capture_frontier(model, *example_inputs, policy=policy, solver=solver)
+    frontier = capture_frontier(model, *example_inputs, policy=policy, solver=solver,
+                                compiler=compiler)
     optimal = frontier.runtime_optimal
     if budgets is None:
         resolved: list[int | None] = [None] + [plan.peak_bytes for plan in frontier.plans]
@@ -102,20 +102,13 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
                        seconds=time.perf_counter() - start)
 
 
-def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto") -> Frontier:
+def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto",
+                     compiler: str = DEFAULT_COMPILER) -> Frontier:
     """Capture ``model``'s one joint graph and plan its whole frontier."""
-    options = Options.create(policy=policy, compiler="eager", solver=solver)
-    planner = FrontierPlanner(options, node_policy=_node_policy(options.policy))
-    target = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    devices = sorted({t.device for t in example_inputs
-                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"}, key=str)
-    torch._dynamo.reset()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.compile(target, backend=lambda gm, inputs: compile_planned(
-                gm, inputs, planner))(*example_inputs)
-    finally:
-        torch._dynamo.reset()
+    options = Options.create(policy=policy, compiler=compiler, solver=solver)
+    planner = FrontierPlanner(options)
+    capture_once(model, example_inputs,
+                 lambda gm, inputs: compile_planned(gm, inputs, planner))
     if len(planner.frontiers) != 1:
         raise FxckptError(
             f"fxckpt.pareto sweeps one graph, and this model gave "

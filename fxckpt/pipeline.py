@@ -12,17 +12,20 @@ from typing import Any, Callable
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .memory import simulate
-from .options import Options
-from .passes.profile import profile_joint_graph
-from .passes.rewrite import rewrite
-from .passes.tag import tag_forward_values
-from .passes.verify import verify_decision, verify_rewrite
-from .solve import problem_for, solve
-from .solve.budgeted import pareto_frontier
-from .solve.mincut import runtime_optimal
-from .solve.common import run_in_forward
-from .types import Decision, Plan, PlanEntry, Profile, Tag
+from fxckpt.bandwidth import offload_bandwidth
+from fxckpt.errors import BudgetError
+from fxckpt.memory import breakdown, simulate
+from fxckpt.options import Options, format_bytes
+from fxckpt.passes.profile import profile_joint_graph
+from fxckpt.passes.rewrite import rewrite
+from fxckpt.passes.tag import tag_forward_values
+from fxckpt.passes.verify import verify_decision, verify_rewrite
+from fxckpt.plan import Plan, make_plan, saved_bytes_of
+from fxckpt.solve import BASELINES
+from fxckpt.solve.frontier import Evaluate, NoPlanFits, pareto_frontier, solve_budgeted
+from fxckpt.solve.problem import build_problem
+from fxckpt.solve.runtime_optimal import runtime_optimal
+from fxckpt.types import Decision, Profile, Tag
 
 _graph_ids = itertools.count()
 
@@ -35,14 +38,19 @@ class Planner:
     """
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
-                 node_policy=None, num_lifted_params: int = 0) -> None:
+                 num_lifted_params: int = 0) -> None:
         self.options = options
         # AOTAutograd puts a module's parameters and buffers first among the
         # primals; outside Dynamo it does not report them as static, so the
         # caller says how many there are.
         self.num_lifted_params = num_lifted_params
-        self.node_policy = node_policy
         self.plans: list[Plan] = []
+        # The planned forward and backward graphs of each plan, for the
+        # memory model to read again at other (dynamic) sizes.
+        self.graphs: list[tuple[fx.Graph, fx.Graph]] = []
+        # Under a budget, each graph's frontier as (own peak, saved bytes,
+        # cost) points, lowest peak first: what a step-wide allocation picks from.
+        self.frontiers_seen: list[tuple[tuple[int, int, float], ...]] = []
         self.on_plan = on_plan
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
@@ -50,9 +58,11 @@ class Planner:
         start = time.perf_counter()
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices)
-        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options)
+        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                                              on_frontier=self.frontiers_seen.append)
         plan = self._finish(profile, tags, decision, rewritten, timeline, start=start)
         self.plans.append(plan)
+        self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
         if self.on_plan is not None:
             self.on_plan(plan)
         return rewritten.forward, rewritten.backward
@@ -64,11 +74,12 @@ class Planner:
         joint = deduplicated(joint)
         profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
                                       static_input_indices=static)
-        tags = tag_forward_values(joint, profile, policy=self.node_policy)
+        tags = tag_forward_values(joint, profile, policy=self.options.policy)
 
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
-            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph)
+            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
+                                       fused=self.options.compiler == "inductor")
 
         return profile, tags, evaluate
 
@@ -86,7 +97,7 @@ class Planner:
 class Frontier:
     """Every plan a budget can select for one graph (see fxckpt.pareto).
 
-    ``plans`` are the frontier of solve/budgeted.py, lowest peak first, each
+    ``plans`` are the frontier of solve/frontier.py, lowest peak first, each
     recomputing strictly less than the one before; ``runtime_optimal`` is the
     plan without a budget."""
 
@@ -132,101 +143,109 @@ class FrontierPlanner(Planner):
         return rewritten.forward, rewritten.backward
 
 
-def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewritten,
-              timeline, *, budget_bytes: int | None, graph_id: int,
-              seconds: float) -> Plan:
-    fw_vals = {n.name: n.meta.get("val") for n in rewritten.forward.graph.nodes}
-    state_bytes = sum(_nbytes(fw_vals.get(name)) for name in rewritten.rng_states)
-    saved = tuple(sorted(decision.saved, key=list(profile.nodes).index))
-    # Of the forward values backward computes, those forward also ran are
-    # recomputed; the rest (say a cos only sin's gradient reads) run once,
-    # in backward, and cost nothing extra.
-    in_forward = run_in_forward(profile, decision.saved)
-    recomputed = tuple(n for n in profile.nodes if n in decision.recomputed and n in in_forward)
-    deferred = tuple(n for n in profile.nodes
-                     if n in decision.recomputed and n not in in_forward)
-    entries = [_entry(profile, tags, name, "saved") for name in saved
-               if profile.nodes[name].is_tensor and name not in decision.offloaded]
-    entries += [_offloaded_entry(profile, tags, name, decision.offload_bandwidth)
-                for name in saved if name in decision.offloaded]
-    entries += [_entry(profile, tags, name, "recomputed") for name in recomputed]
-    entries += [_entry(profile, tags, name, "deferred") for name in deferred]
-    entries += [PlanEntry(name, "saved", "rng state", _nbytes(fw_vals.get(name)), 0.0, 0,
-                          "-", "generator state a recomputed random op replays", "")
-                for name in rewritten.rng_states]
-    notes = []
-    if rewritten.rng_states:
-        notes.append(f"{len(rewritten.rng_states)} random op(s) recomputed with their "
-                     "RNG state replayed")
-    return Plan(
-        saved=saved + tuple(rewritten.rng_states),
-        recomputed=recomputed,
-        deferred=deferred,
-        saved_bytes=profile.storage_bytes(decision.saved - decision.offloaded) + state_bytes,
-        offloaded=tuple(n for n in saved if n in decision.offloaded),
-        offloaded_bytes=profile.storage_bytes(decision.offloaded),
-        offload_seconds=_transfer_seconds(profile.storage_bytes(decision.offloaded),
-                                          decision.offload_bandwidth),
-        offload_bandwidth=decision.offload_bandwidth,
-        peak_bytes=timeline.peak_bytes,
-        peak_at=timeline.peak_at,
-        recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
-        recompute_cost=sum(profile.nodes[n].cost for n in recomputed),
-        solver=decision.solver,
-        solve_seconds=decision.solve_seconds,
-        budget_bytes=budget_bytes,
-        entries=tuple(entries),
-        overrides=decision.overrides,
-        gap=decision.gap,
-        graph_id=graph_id,
-        notes=tuple(notes),
-        timeline=timeline,
-        plan_seconds=seconds,
-    )
+_OFFLOAD_POLICIES = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
 
 
-def _entry(profile: Profile, tags: dict[str, Tag], name: str, action: str) -> PlanEntry:
-    node = profile.nodes[name]
-    tag = tags[name]
-    owner = profile.nodes[node.storage]
-    bytes_held = 0 if owner.is_static else owner.bytes
-    return PlanEntry(name=name, action=action, op=node.op, bytes=bytes_held,
-                     cost=node.cost, flops=node.flops,
-                     tag=tag.policy.name if tag.policy is not None else "-",
-                     reason=_reason(tag, action), source=node.source)
+def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
+    """The numeric Problem of a profiled, tagged graph. Offload is priced only
+    where some value is tagged *_CPU_OFFLOAD: then the options' bandwidth, or
+    the device's measured one."""
+    devices = sorted({profile.nodes[name].device for name, tag in tags.items()
+                      if tag.policy in _OFFLOAD_POLICIES})
+    bandwidth = offload_bandwidth(devices[0], options.offload_bandwidth) if devices else None
+    return build_problem(profile, tags, bandwidth=bandwidth)
 
 
-def _offloaded_entry(profile: Profile, tags: dict[str, Tag], name: str,
-                     bandwidth: float | None) -> PlanEntry:
-    """An offloaded value costs its copies to host and back."""
-    entry = _entry(profile, tags, name, "offloaded")
-    return replace(entry, cost=_transfer_seconds(entry.bytes, bandwidth), flops=0)
-
-
-def _transfer_seconds(nbytes: int, bandwidth: float | None) -> float:
-    return 2.0 * nbytes / bandwidth if bandwidth else 0.0
-
-
-def _reason(tag: Tag, action: str) -> str:
-    if action == "deferred":
-        return "only backward reads it: computed there, once"
-    followed = {
-        "saved": (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE),
-        "offloaded": (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD),
-        "recomputed": (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE),
-    }[action]
-    if tag.policy in followed:
-        return tag.reason
-    if action == "saved":
-        return "solver: holding it costs less than what recomputing it needs"
-    return "solver: recomputed from saved values to hold fewer bytes"
-
-
-def _nbytes(val) -> int:
+def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
+          on_frontier: Callable[[tuple], Any] | None = None):
+    """Return (decision, rewritten, timeline) for the options' solver and budget.
+    ``on_frontier``, under a budget, gets the frontier as (own peak, saved
+    bytes, cost) points, lowest peak first."""
+    problem = problem_for(profile, tags, options)
+    if options.solver in BASELINES:
+        decision = BASELINES[options.solver](problem)
+        rewritten, timeline = evaluate(decision)
+        return _within_budget(decision, rewritten, timeline, options)
+    optimal = runtime_optimal(problem)
+    if options.budget is None:
+        return (optimal, *evaluate(optimal))
+    if options.runs_per_step > 1:
+        evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
+    rewritten, timeline = evaluate(optimal)
+    # With a budget, plans come from the trade-off frontier, of which the
+    # runtime-optimal plan is one candidate: a budget it fits gets it or a
+    # plan that is no more costly and peaks no higher.
+    frontier = pareto_frontier(problem, evaluate, options.solver,
+                               (optimal, rewritten, timeline))
+    budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    if on_frontier is not None:
+        on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
+                           saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
+                          for c in frontier))
     try:
-        return int(val.untyped_storage().nbytes())
-    except AttributeError:
-        return 0
+        decision, rewritten, timeline = solve_budgeted(
+            problem, evaluate, budget, options.solver,
+            runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
+    except NoPlanFits as no_fit:
+        raise _budget_error(no_fit) from None
+    return decision, rewritten, getattr(timeline, "graph", timeline)
+
+
+@dataclass(frozen=True)
+class _StepTimeline:
+    """A graph run ``runs`` times per step, as a budget sees it: its peak
+    plus the saved bytes of its other runs, still held while it runs last."""
+
+    peak_bytes: int
+    peak_at: str
+    graph: Any            # the graph's own memory.MemoryTimeline
+
+
+def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
+    def evaluate_step(decision: Decision):
+        rewritten, timeline = evaluate(decision)
+        extra = (runs - 1) * saved_bytes_of(profile, decision, rewritten)
+        return rewritten, _StepTimeline(timeline.peak_bytes + extra, timeline.peak_at, timeline)
+    return evaluate_step
+
+
+def _within_budget(decision, rewritten, timeline, options):
+    if options.budget is None:
+        return decision, rewritten, timeline
+    budget = options.budget.resolve(timeline.peak_bytes)
+    if timeline.peak_bytes > budget:
+        raise BudgetError(
+            f"the {decision.solver} strategy peaks at {format_bytes(timeline.peak_bytes)}, "
+            f"over the budget of {format_bytes(budget)}; use solver='auto' to plan "
+            "within the budget", floor_bytes=None)
+    return replace(decision, budget_bytes=budget), rewritten, timeline
+
+
+def _budget_error(no_fit: NoPlanFits) -> BudgetError:
+    floor, budget = no_fit.floor, no_fit.budget
+    runtime_optimal_peak = no_fit.runtime_optimal_peak
+    graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
+    what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
+        else "values the memory model could not break down"
+    return BudgetError(
+        f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
+        f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
+        f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
+        f"floor the peak is at {graph_timeline.peak_at}, made of {what}. Raise the "
+        f"budget to at least {floor.peak} bytes, or shrink the batch.",
+        floor_bytes=floor.peak, dominated_by=what)
+
+
+def dominated_by(rewritten, timeline) -> str:
+    """Say what the memory live at the peak is made of."""
+    parts, largest, largest_bytes = breakdown(
+        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at,
+        fused=getattr(timeline, "fused", False))
+    total = sum(parts.values()) or 1
+    ranked = sorted(parts.items(), key=lambda kv: -kv[1])
+    kinds = ", ".join(f"{name} {format_bytes(b)} ({b / total:.0%})" for name, b in ranked[:3]
+                      if b > 0) or "nothing measurable"
+    return f"{kinds}; the largest single value is {largest} ({format_bytes(largest_bytes)})"
 
 
 def deduplicated(joint: fx.GraphModule) -> fx.GraphModule:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import html
 
-from .options import format_bytes
-from .passes.rewrite import RECOMPUTED_SUFFIX
+from fxckpt.options import format_bytes
+from fxckpt.types import RNG_STATE_OP, Phase, is_recomputed_name, point
 
 # What each action in a plan is drawn as (DOT fill colours).
 ACTION_COLOURS = {
@@ -183,7 +183,7 @@ def memory_curve(plan) -> tuple[list[int], list[int], int]:
     peak and then the level after it, so the line's maximum is the peak."""
     xs, ys, peak_index = [], [], 0
     for index, (phase, name, live) in enumerate(plan.timeline.points):
-        if f"{phase}:{name}" == plan.peak_at:
+        if point(phase, name) == plan.peak_at:
             peak_index = len(xs)
             xs.append(index)
             ys.append(plan.peak_bytes)
@@ -199,7 +199,7 @@ def plot_memory(plan, ax=None):
         raise ValueError("this plan has no memory timeline to plot")
     fig, ax = new_axes(ax)
     points = plan.timeline.points
-    forward_end = sum(1 for phase, _, _ in points if phase == "forward")
+    forward_end = sum(1 for phase, _, _ in points if phase == Phase.FORWARD)
     if forward_end:
         ax.axvspan(-0.5, forward_end - 0.5, color="#dbe9f6", label="forward")
     if forward_end < len(points):
@@ -253,12 +253,12 @@ def to_dot(plan, *, planned_only: bool = False) -> str:
     saved RNG states yellow, everything else grey. ``planned_only`` keeps
     only the values the plan acted on. A Plan keeps names, not data flow,
     so edges show order, not which value reads which."""
-    action = {entry.name: "rng state" if entry.op == "rng state" else entry.action
+    action = {entry.name: RNG_STATE_OP if entry.op == RNG_STATE_OP else entry.action
               for entry in plan.entries}
     lines = [f'digraph "fxckpt_plan_{plan.graph_id}" {{', "  rankdir=TB;",
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", '
              f'fontsize=10, fillcolor="{_OTHER_COLOUR}"];']
-    for phase in ("forward", "backward"):
+    for phase in Phase:
         names = [name for p, name, _ in plan.timeline.points if p == phase] \
             if plan.timeline is not None else []
         drawn = []
@@ -269,7 +269,7 @@ def to_dot(plan, *, planned_only: bool = False) -> str:
             if planned_only and kind is None:
                 continue
             drawn.append(name)
-            node_id = f"{phase}:{name}"
+            node_id = point(phase, name)
             attrs = f'label="{_dot_escape(name)}"'
             if kind is not None:
                 attrs += f', fillcolor="{ACTION_COLOURS[kind]}", tooltip="{kind}"'
@@ -290,7 +290,7 @@ def to_dot(plan, *, planned_only: bool = False) -> str:
 def _node_kind(name: str, phase: str, action: dict[str, str]) -> str | None:
     """How to colour node ``name`` of ``phase``: a saved value keeps its
     colour as backward's input, a recompute clone is coloured as recomputed."""
-    if phase == "backward" and name.endswith(RECOMPUTED_SUFFIX):
+    if phase == Phase.BACKWARD and is_recomputed_name(name):
         return "recomputed"
     return action.get(name)
 

@@ -6,11 +6,10 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .backend import _node_policy
-from .capture import compile_planned
-from .errors import FxckptError
-from .options import Options
-from .pipeline import Planner
+from fxckpt.capture import compile_planned
+from fxckpt.errors import FxckptError
+from fxckpt.options import Options
+from fxckpt.pipeline import Planner
 
 
 class Transformed(torch.nn.Module):
@@ -44,8 +43,7 @@ def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
                              offload_bandwidth=offload_bandwidth)
     lifted = len(list(gm.named_parameters(remove_duplicate=False))) + \
         len(list(gm.named_buffers(remove_duplicate=False)))
-    planner = Planner(options, node_policy=_node_policy(options.policy),
-                      num_lifted_params=lifted)
+    planner = Planner(options, num_lifted_params=lifted)
     flat_gm, out_spec = _flatten_outputs(gm, example_inputs)
     compiled = compile_planned(flat_gm, list(example_inputs), planner)
     plan = planner.plans[-1] if planner.plans else None

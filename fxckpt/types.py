@@ -1,4 +1,5 @@
-"""Plain data passed between the stages: Profile -> Tags -> Decision -> Plan.
+"""Plain data passed between the stages: Profile -> Tags -> Decision (-> Plan,
+in fxckpt.plan), and the small enums they use.
 
 Nothing here holds an ``fx.Node``: every value is keyed by node name, so a stage
 can be tested with data made by hand and printed without a graph.
@@ -6,17 +7,75 @@ can be tested with data made by hand and printed without a graph.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from typing import Mapping
 
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .options import format_bytes
 
-FORWARD = "forward"
-BACKWARD = "backward"
+class _Word(str, Enum):
+    """An enum whose members are also their words: they print, format and
+    compare as the plain strings they stand for."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Phase(_Word):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+FORWARD = Phase.FORWARD
+BACKWARD = Phase.BACKWARD
+
+
+class Action(_Word):
+    """What a plan does with a forward value backward needs."""
+
+    SAVED = "saved"
+    OFFLOADED = "offloaded"      # saved in host memory between forward and backward
+    RECOMPUTED = "recomputed"    # run in forward and again in backward
+    DEFERRED = "deferred"        # only backward reads it: run once, there
+
+
+class Origin(_Word):
+    """Who asked for a tag. Default preferences are hints the planner may
+    trade for fewer saved bytes; the others are followed unless a budget
+    forces otherwise."""
+
+    OP = "op"            # what the op allows
+    REGION = "region"    # a torch.utils.checkpoint region in the model
+    POLICY = "policy"    # the policy option
+    DEFAULT = "default"
+
+
+# The op a PlanEntry names for the generator state a recomputed random op replays.
+RNG_STATE_OP = "rng state"
+# A recompute clone in the backward graph is named after the forward value.
+RECOMPUTED_SUFFIX = "_recomputed"
+
+
+def recomputed_name(name: str) -> str:
+    return name + RECOMPUTED_SUFFIX
+
+
+def is_recomputed_name(name: str) -> bool:
+    return name.endswith(RECOMPUTED_SUFFIX)
+
+
+def point(phase: Phase, name: str) -> str:
+    """A moment of the step: just after node ``name`` of ``phase`` ran."""
+    return f"{phase}:{name}"
+
+
+def split_point(at: str) -> tuple[Phase, str]:
+    phase, _, name = at.partition(":")
+    return Phase(phase), name
 
 
 @dataclass(frozen=True)
@@ -25,7 +84,7 @@ class NodeProfile:
 
     name: str
     op: str                      # printable target, e.g. "aten.mm.default"
-    phase: str                   # FORWARD or BACKWARD
+    phase: Phase
     inputs: tuple[str, ...]      # names of the nodes this one reads
     bytes: int                   # bytes this node allocates (0 for views, non-tensors)
     storage: str                 # name of the node whose allocation this value lives in
@@ -87,14 +146,7 @@ class Profile:
 class Tag:
     policy: CheckpointPolicy | None   # None: no preference, the solver decides
     reason: str                       # why, in words
-    # Who asked: "op" (what the op allows), "region" (a checkpoint region in the
-    # model), "policy" (the policy option) or "default". Default preferences are
-    # hints the planner may trade for fewer saved bytes; the others are followed
-    # unless a budget forces otherwise.
-    origin: str = "default"
-
-
-Tags = Mapping[str, Tag]
+    origin: Origin = Origin.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -114,109 +166,3 @@ class Decision:
     # Bytes per second one way between device and host that priced offload
     # (None when nothing could be offloaded).
     offload_bandwidth: float | None = None
-
-
-@dataclass(frozen=True)
-class PlanEntry:
-    name: str
-    action: str        # "saved", "offloaded", "recomputed" or "deferred"
-    op: str
-    bytes: int
-    cost: float
-    flops: int
-    tag: str
-    reason: str
-    source: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a graph saves and recomputes, why, and what it costs."""
-
-    saved: tuple[str, ...]
-    recomputed: tuple[str, ...]   # forward values run in forward and again in backward
-    deferred: tuple[str, ...]     # forward-side values only backward needs: run once, there
-    saved_bytes: int            # activation bytes held between forward and backward
-    peak_bytes: int             # predicted peak of non-parameter memory, fwd + bwd
-    peak_at: str                # the node at which that peak happens
-    recompute_flops: int
-    recompute_cost: float       # estimated seconds of extra work in backward
-    solver: str
-    solve_seconds: float
-    budget_bytes: int | None
-    entries: tuple[PlanEntry, ...] = ()
-    overrides: tuple[str, ...] = ()
-    gap: float | None = None
-    graph_id: int = 0
-    notes: tuple[str, ...] = field(default=())
-    timeline: object = None     # memory.MemoryTimeline of the planned schedule
-    plan_seconds: float = 0.0   # profile + tag + solve + rewrite, wall time
-    offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
-    offloaded_bytes: int = 0
-    offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
-    offload_bandwidth: float | None = None   # bytes per second one way
-
-    def __repr__(self) -> str:
-        return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
-                f"saved={len(self.saved)} values / {self.saved_bytes} B, "
-                f"recomputed={len(self.recomputed)}, peak={self.peak_bytes} B at "
-                f"{self.peak_at!r}, budget={self.budget_bytes})")
-
-    def __str__(self) -> str:
-        from .render import plan_summary_rows
-
-        lines = [f"fxckpt plan (graph {self.graph_id})"]
-        for label, value in plan_summary_rows(self):
-            lines.append(f"  note: {value}" if label == "note" else f"  {label:<14} {value}")
-        if self.entries:
-            header = f"  {'action':<10} {'value':<28} {'op':<34} {'bytes':>11} {'cost ms':>8}  {'tag':<18} reason"
-            lines += ["", header, "  " + "-" * (len(header) + 10)]
-            for e in self.entries:
-                lines.append(
-                    f"  {e.action:<10} {e.name[:28]:<28} {e.op[:34]:<34} "
-                    f"{format_bytes(e.bytes):>11} {e.cost * 1e3:>8.4f}  {e.tag[:18]:<18} {e.reason}"
-                    + (f"  [{e.source}]" if e.source else ""))
-        return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        from .render import plan_html
-
-        return plan_html(self)
-
-    def plot_memory(self, ax=None):
-        """Live bytes over the planned forward and backward schedule, with the
-        budget and the peak marked: a matplotlib Figure (see fxckpt.render)."""
-        from .render import plot_memory
-
-        return plot_memory(self, ax=ax)
-
-    def to_dot(self, path: str | None = None, *, planned_only: bool = False) -> str:
-        """Graphviz DOT source of the planned schedule, saved / recomputed /
-        deferred / offloaded values coloured. With ``path``, also rendered
-        there (SVG) when the graphviz package is installed."""
-        from .render import render_dot, to_dot
-
-        dot = to_dot(self, planned_only=planned_only)
-        if path is not None:
-            render_dot(dot, path)
-        return dot
-
-    # --- comparing plans across processes (ranks) ---------------------------
-
-    @property
-    def fingerprint(self) -> str:
-        """A hex digest of what this plan decides: which values are saved,
-        offloaded, recomputed or deferred, each entry's op and bytes, and the
-        predicted saved and peak bytes. Two processes that plan alike get the
-        same digest: it is sha256 over JSON, not Python's ``hash()`` (salted per
-        process for strings), and leaves out timings, the solver's gap and the
-        graph id (a per-process counter)."""
-        decided = {
-            "saved": self.saved, "offloaded": self.offloaded,
-            "recomputed": self.recomputed, "deferred": self.deferred,
-            "entries": [(e.action, e.name, e.op, e.bytes) for e in self.entries],
-            "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
-            "peak_bytes": self.peak_bytes,
-        }
-        text = json.dumps(decided, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()

@@ -48,13 +48,18 @@ pytestmark = pytest.mark.usefixtures("reset_dynamo")
     ("4096", Budget(bytes=4096)),
     (0.5, Budget(fraction=0.5)),
     (1.0, Budget(fraction=1.0)),
+    (0.0, Budget(fraction=0.0)),
+    ("0.5", Budget(fraction=0.5)),
+    ("50%", Budget(fraction=0.5)),
+    ("100%", Budget(fraction=1.0)),
     (None, None),
 ])
 def test_budget_forms(value, expected):
     assert parse_budget(value) == expected
 
 
-@pytest.mark.parametrize("value", [-1, 0, "lots", "12 parsecs", 1.5, 0.0, -0.1, True, [1]])
+@pytest.mark.parametrize("value", [-1, 0, "lots", "12 parsecs", 1.5, -0.1, True, [1],
+                                   "1.5", "150%", "x%"])
 def test_bad_budgets_say_what_is_accepted(value):
     with pytest.raises(ValueError, match="512MiB"):
         fxckpt.backend(budget=value)

@@ -11,8 +11,11 @@ import math
 import pytest
 import torch
 
-from fxckpt import bench, bench_solvers, bench_ways, cli
-from fxckpt.bench_measure import WorkCounter
+from fxckpt import cli
+from fxckpt.bench import run as bench
+from fxckpt.bench import solvers as bench_solvers
+from fxckpt.bench import ways as bench_ways
+from fxckpt.bench.work import WorkCounter
 from fxckpt.models import MODEL_NAMES
 
 aten = torch.ops.aten

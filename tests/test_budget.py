@@ -26,9 +26,9 @@ except ImportError:  # pragma: no cover
 def _floor_and_optimal():
     model, inputs, loss_fn = fresh(ZOO["gpt"])
     step = Step(model, loss_fn)
-    optimal = fxckpt.explain(step, *inputs)
+    optimal = fxckpt.explain(step, *inputs, compiler="eager")
     with pytest.raises(fxckpt.BudgetError) as refused:
-        fxckpt.explain(step, *inputs, budget=1)
+        fxckpt.explain(step, *inputs, budget=1, compiler="eager")
     return refused.value.floor_bytes, optimal.peak_bytes
 
 
@@ -74,9 +74,9 @@ def test_budget_above_runtime_optimal_peak_recomputes_nothing_extra():
     it on both)."""
     model, inputs, loss_fn = fresh(ZOO["gpt"])
     step = Step(model, loss_fn)
-    optimal = fxckpt.explain(step, *inputs)
+    optimal = fxckpt.explain(step, *inputs, compiler="eager")
     for budget in (optimal.peak_bytes, optimal.peak_bytes * 2):
-        roomy = fxckpt.explain(step, *inputs, budget=budget)
+        roomy = fxckpt.explain(step, *inputs, budget=budget, compiler="eager")
         assert roomy.recompute_cost <= optimal.recompute_cost
         assert roomy.peak_bytes <= budget
         assert roomy.budget_bytes == budget
@@ -85,7 +85,8 @@ def test_budget_above_runtime_optimal_peak_recomputes_nothing_extra():
 @pytest.mark.parametrize("budget", ["64MiB", 0.85])
 def test_budget_forms_reach_the_solver(budget):
     model, inputs, loss_fn = fresh(ZOO["gpt"])
-    plan = fxckpt.explain(Step(model, loss_fn), *inputs, budget=budget)
+    plan = fxckpt.explain(Step(model, loss_fn), *inputs, budget=budget,
+                          compiler="eager")
     assert plan.budget_bytes is not None and plan.peak_bytes <= plan.budget_bytes
 
 
@@ -105,7 +106,7 @@ def test_recompute_reading_values_the_joint_graph_placed_late():
     torch.manual_seed(0)
     x = torch.randn(32, 64, requires_grad=True)
     with pytest.raises(fxckpt.BudgetError) as refused:
-        fxckpt.explain(RMSNorm(), x, budget=1)
+        fxckpt.explain(RMSNorm(), x, budget=1, compiler="eager")
     floor = refused.value.floor_bytes
     reference = run_step(RMSNorm(), (x,), lambda y: y.square().sum())
     torch._dynamo.reset()

@@ -91,9 +91,14 @@ def assert_plans_agree(per_rank: list[dict]) -> None:
 
 
 def assert_within_budget(result: dict) -> None:
+    """Every step within the step budget; where the backend re-planned after
+    the first step (a graph that runs once per block), every step after it."""
     budget = result["step_budget"]
+    first = 1 if result.get("replans") else 0
     for step, (measured, planned, peak) in enumerate(zip(
             result["saved_bytes"], result["held_bytes"], result["peak_bytes"])):
+        if step < first:
+            continue
         # Measured: what the compiled graphs' autograd nodes held, each storage
         # once, parameters left out; planned: each run's plan.saved_bytes.
         assert measured <= budget, f"step {step}: saved {measured} B > budget {budget} B"
@@ -108,7 +113,7 @@ def test_fsdp2_gpt_trains_bit_for_bit_as_without_fxckpt(ranks):
         assert_matches(result, "eager")
         assert_matches(result, "aot_eager")
         assert result["aot_eager_vs_eager"]["grads_equal"]
-        assert result["plans"][0]["recomputed"] > 0   # the budget made it recompute
+        assert result["plans"][-1]["recomputed"] > 0   # the budget made it recompute
 
 
 def test_fsdp2_gpt_plans_agree_across_ranks(ranks):
@@ -118,11 +123,12 @@ def test_fsdp2_gpt_plans_agree_across_ranks(ranks):
 def test_fsdp2_compiles_one_graph_per_block_class_and_runs_it_per_block(ranks):
     # FSDP2's hooks break the graph around every block; Dynamo compiles the
     # block's forward once and reuses it, so the step holds its saved bytes
-    # once per block: the backend's per-graph budget is per run here.
+    # once per block: the backend's ledger counts the runs and re-plans once.
     for result in results(ranks, "fsdp2_gpt"):
         assert result["graphs"] == 1
         assert result["runs"] == [[result["n_layer"]]] * dist_worker.STEPS
-        assert "ran 2 times" in result["per_run_budget_error"]
+        assert result["ledger_runs"] == [result["n_layer"]]
+        assert result["replans"] == 1
 
 
 def test_fsdp2_gpt_saved_bytes_within_budget(ranks):

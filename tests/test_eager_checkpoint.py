@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxckpt
-from fxckpt.eager import RecomputeMismatchError
+from fxckpt.eager.checkpoint import RecomputeMismatchError
 from fxckpt.errors import PolicyError
 from fxckpt.naming import name
 from fxckpt.policies import (by_module, megatron_selective, resolve_policy,
@@ -655,9 +655,9 @@ def test_activations_are_freed_and_saved_outputs_live_until_backward():
 
 
 def test_offload_answers_are_saved_in_place_with_a_warning(monkeypatch):
-    from fxckpt import eager_modes, policies
+    from fxckpt import policies
 
-    monkeypatch.setattr(eager_modes, "_offload_warned", False)
+    monkeypatch.setattr(fxckpt.errors, "_warned", set())
     w1, w2, x = (t.detach().requires_grad_() for t in _params((8, 16), (16, 4), (5, 8)))
 
     def fn(x):

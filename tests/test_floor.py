@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from fxckpt.errors import BudgetError
 from fxckpt.solve import BASELINES
-from fxckpt.solve.budgeted import solve_budgeted
-from fxckpt.solve.mincut import runtime_optimal
+from fxckpt.solve.frontier import solve_budgeted
+from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.solve.problem import build_problem
 
 try:

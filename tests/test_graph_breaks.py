@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 import fxckpt
-from fxckpt.measure import measure_saved_bytes
+from fxckpt.bench.measure import measure_saved_bytes
 from fxckpt.policies import save_matmuls
 
 try:  # run as package ``tests``

@@ -1,4 +1,4 @@
-"""fxckpt.measure against sizes worked out by hand.
+"""fxckpt.bench.measure against sizes worked out by hand.
 
 Sizes are float32 (4 bytes an element). A 0-dim result (a loss, the ones
 that start backward) is 4 bytes.
@@ -7,8 +7,8 @@ that start backward) is 4 bytes.
 import pytest
 import torch
 
-from fxckpt import measure
-from fxckpt.measure import (SavedReport, cpu_memory_deltas, measure_peak_bytes,
+from fxckpt.bench import measure
+from fxckpt.bench.measure import (SavedReport, cpu_memory_deltas, measure_peak_bytes,
                             measure_saved_bytes, peak_of, time_steps)
 from fxckpt.models import make_model
 

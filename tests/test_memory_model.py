@@ -3,7 +3,7 @@ is within 10% of the real peak, on every zoo model and three strategies.
 
 The loss runs inside the compiled module so the graph is the whole step; the
 real peak is CPU allocator traffic above the memory in use when the step
-starts (fxckpt.measure)."""
+starts (fxckpt.bench.measure)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.measure import measure_peak_bytes
+from fxckpt.bench.measure import measure_peak_bytes
 
 try:
     from tests.harness import fresh

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
 
 def test_offload_on_host_degrades_to_save_with_a_warning(monkeypatch):
-    monkeypatch.setattr(tag, "_offload_warned", False)
+    monkeypatch.setattr(fxckpt.errors, "_warned", set())
     model, inputs = _net()
     with pytest.warns(UserWarning, match="degrades to save"):
         plan = fxckpt.explain(model, *inputs, policy=policies.offload(policies.save_matmuls()))
@@ -187,7 +187,7 @@ def test_offload_bench_on_the_stand_in(stand_in):
     """The bench suite's rows, on the host standing in for a device: plans and
     gradients are real; the measured host peak cannot drop (the copies are
     host memory too), so only the predicted drop is checked."""
-    from fxckpt import bench_offload
+    from fxckpt.bench import offload as bench_offload
 
     result = bench_offload.run_offload(device="cpu", size="tiny", repeat=1,
                                        offload_bandwidth=1e10)

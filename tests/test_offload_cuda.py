@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxckpt.bench_offload import run_offload
+from fxckpt.bench.offload import run_offload
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("reset_dynamo")]

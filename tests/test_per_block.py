@@ -12,7 +12,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import fxckpt
-from fxckpt.measure import measure_peak_bytes
+from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.models import make_model
 
 try:

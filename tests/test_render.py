@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import fxckpt
-from fxckpt.bench_ways import Step
+from fxckpt.bench.ways import Step
 from fxckpt.models import make_model
 from fxckpt.render import ACTION_COLOURS
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.measure import measure_saved_bytes
+from fxckpt.bench.measure import measure_saved_bytes
 
 try:
     from tests.harness import fresh

@@ -19,10 +19,10 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
-from ..types import BACKWARD, FORWARD, NodeProfile, Profile
-from . import ops as op_kinds
-from .rng import rng_state_bytes
-from ..memory import concrete, tensor_bytes, workspace_bytes
+from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
+from fxckpt import ops as op_kinds
+from fxckpt.passes.rng import rng_state_bytes
+from fxckpt.memory import concrete, tensor_bytes, workspace_bytes
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     """Read the joint graph; does not modify it."""
     graph = joint.graph
     static = set(static_input_indices)
-    backward = _tangent_dependent(graph)
+    backward = tangent_dependent(graph)
     mutated = _mutated_inputs(graph)
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
@@ -127,7 +127,7 @@ def _is_parameter_or_buffer(node: fx.Node) -> bool:
     return type(node.meta.get("desc")).__name__ in ("ParamAOTInput", "BufferAOTInput")
 
 
-def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
+def tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
     """Nodes computed from a tangent: the backward proper."""
     backward: set[fx.Node] = set()
     for node in graph.nodes:
@@ -147,13 +147,19 @@ def _bytes_moved(node: fx.Node) -> int:
 
 
 def _flops(node: fx.Node) -> int:
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return 0
-    formula = flop_registry.get(node.target.overloadpacket)
-    if formula is None:
+    if node.op != "call_function":
         return 0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
-        return concrete(formula(*args, **kwargs, out_val=node.meta.get("val")))
+        return op_flops(node.target, args, kwargs, node.meta.get("val"))
     except Exception:  # a formula that cannot read symbolic shapes: price by traffic only
         return 0
+
+
+def op_flops(op, args, kwargs, out) -> int:
+    """FLOPs of one op call by torch's formulas (0 where it has none): on fake
+    tensors while planning, on real ones where steps are counted."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return 0
+    formula = flop_registry.get(op.overloadpacket)
+    return concrete(formula(*args, **kwargs, out_val=out)) if formula is not None else 0

@@ -21,13 +21,10 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
-from ..types import BACKWARD, Decision, Profile
-from . import rng
-from .. import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
-from .graphs import copy_graph_module, fake_mode_of
-
-RECOMPUTED_SUFFIX = "_recomputed"
-
+from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
+from fxckpt.passes import rng
+from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
+from fxckpt.passes.graphs import copy_graph_module, fake_mode_of
 
 @dataclass(frozen=True)
 class Rewritten:
@@ -35,12 +32,13 @@ class Rewritten:
     backward: fx.GraphModule
     saved: tuple[str, ...]          # forward outputs kept for backward, in order
     rng_states: tuple[str, ...]     # the saved generator states among them
+    rng_state_bytes: dict[str, int]  # bytes of each saved generator state
     clones: dict[str, str]          # recomputed value -> its node in backward
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
             num_fwd_outputs: int) -> Rewritten:
-    work = _copy(joint)
+    work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
     hosts = _offload(graph, by_name, decision.offloaded)
@@ -59,11 +57,16 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     return Rewritten(
         forward=forward, backward=backward,
         saved=tuple(n.name for n in saved_sym + saved_values),
-        rng_states=tuple(n.name for n in states), clones=clones)
+        rng_states=tuple(n.name for n in states),
+        rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
+        clones=clones)
 
 
-def _copy(joint: fx.GraphModule) -> fx.GraphModule:
-    return copy_graph_module(joint)
+def _storage_nbytes(val) -> int:
+    try:
+        return int(val.untyped_storage().nbytes())
+    except AttributeError:
+        return 0
 
 
 def _in_graph_order(graph: fx.Graph, names) -> list[str]:
@@ -111,7 +114,7 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
     for node in order:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda a: clone_of.get(a, a))
-        name = node.name + RECOMPUTED_SUFFIX
+        name = recomputed_name(node.name)
         with graph.inserting_before(first_backward):
             if profile.nodes[node.name].is_random:
                 state, forward_value = rng.save_rng_state_in_forward(graph, node)

@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
-from .graphs import fake_mode_of
-from .ops import random_op_device
+from fxckpt.passes.graphs import fake_mode_of
+from fxckpt.ops import random_op_device
 
 
 def save_rng_state_in_forward(graph: fx.Graph, node: fx.Node) -> tuple[fx.Node, fx.Node]:

@@ -21,15 +21,15 @@ the names ``fxckpt.name`` left on the node that produced a value.
 from __future__ import annotations
 
 import operator
-import warnings
 
 import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..errors import PolicyError
-from ..policy_api import OpCall, PolicyFactory, finish
-from ..types import NodeProfile, Profile, Tag
+from fxckpt.errors import PolicyError, warn_once
+from fxckpt.policies.api import OpCall, PolicyFactory, check_answer, finish
+from fxckpt.types import NodeProfile, Origin, Profile, Tag
+from fxckpt.ops import SEED_DRAW
 
 P = CheckpointPolicy
 _RECOMPUTE = (P.MUST_RECOMPUTE, P.PREFER_RECOMPUTE)
@@ -38,7 +38,6 @@ _OFFLOAD_AS_SAVE = {P.MUST_CPU_OFFLOAD: P.MUST_SAVE, P.PREFER_CPU_OFFLOAD: P.PRE
 # Devices whose values can be offloaded to host memory. On the host itself
 # offload means nothing: it degrades to save.
 OFFLOAD_DEVICES = frozenset({"cuda"})
-_offload_warned = False
 
 
 def tag_forward_values(joint: fx.GraphModule, profile: Profile, *,
@@ -72,10 +71,7 @@ def ask_policy(policy: PolicyFactory, nodes: dict[str, fx.Node],
             answers[node.name] = decide(op_call(node, info))
     answers.update(finish(decide))
     for name, answer in answers.items():
-        if answer is not None and not isinstance(answer, CheckpointPolicy):
-            raise PolicyError(f"policy {policy!r} answered {answer!r} for {name} "
-                              f"({nodes[name].target}); a policy answers a "
-                              "torch.utils.checkpoint.CheckpointPolicy or None")
+        check_answer(answer, what=f"policy {policy!r}, {name} ({nodes[name].target})")
     for node in elements:
         answers[node.name] = answers.get(_element_of(node).name)
     return answers
@@ -111,12 +107,16 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
              answer: CheckpointPolicy | None, asker: str = "policy") -> Tag:
     wanted: Tag | None = None
     if region is not None:
-        wanted = Tag(region, "torch.utils.checkpoint region in the model", "region")
+        wanted = Tag(region, "torch.utils.checkpoint region in the model", Origin.REGION)
     elif answer is not None:
-        wanted = Tag(answer, asker, "policy")
+        wanted = Tag(answer, asker, Origin.POLICY)
     if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE \
             and node.device not in OFFLOAD_DEVICES:
         wanted = _offload_as_save(wanted)
+    if node.not_recomputable == SEED_DRAW:
+        # A policy asking to recompute a random op is served by recomputing the
+        # inductor_random ops from the saved seeds, so no request is refused.
+        return Tag(CheckpointPolicy.MUST_SAVE, SEED_DRAW, Origin.OP)
     if not node.recomputable:
         if wanted is not None and wanted.policy == CheckpointPolicy.MUST_RECOMPUTE:
             raise PolicyError(
@@ -130,20 +130,17 @@ def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
             reason += f" (overrides {wanted.reason}: {wanted.policy.name})"
         if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE:
             return Tag(P.MUST_CPU_OFFLOAD, f"{reason}; offloaded as {wanted.reason} asks",
-                       "op")
-        return Tag(CheckpointPolicy.MUST_SAVE, reason, "op")
+                       Origin.OP)
+        return Tag(CheckpointPolicy.MUST_SAVE, reason, Origin.OP)
     if wanted is not None:
         return wanted
     return _default(node)
 
 
 def _offload_as_save(wanted: Tag) -> Tag:
-    global _offload_warned
-    if not _offload_warned:
-        _offload_warned = True
-        warnings.warn("CPU offload asked for values that already live in host memory: "
-                      "they are saved where they are (offload degrades to save on CPU)",
-                      stacklevel=3)
+    warn_once("offload on host", "CPU offload asked for values that already live in host "
+              "memory: they are saved where they are (offload degrades to save on CPU)",
+              stacklevel=3)
     return Tag(_OFFLOAD_AS_SAVE[wanted.policy],
                f"{wanted.reason}: {wanted.policy.name}; offload degrades to save on CPU",
                wanted.origin)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..errors import PlanError
-from ..types import FORWARD, Decision, Profile, Tag
-from .rewrite import RECOMPUTED_SUFFIX, Rewritten
-from .ops import is_random
+from fxckpt.errors import PlanError
+from fxckpt.types import FORWARD, Decision, Profile, Tag, is_recomputed_name
+from fxckpt.passes.rewrite import Rewritten
+from fxckpt.ops import is_random
 
 
 def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) -> None:
@@ -62,7 +62,7 @@ def verify_rewrite(profile: Profile, rewritten: Rewritten) -> None:
             problems.append(f"backward draws new random numbers in {node.name}: a forward "
                             "random op is recomputed without replaying its RNG state")
     for node in fw.nodes:
-        if node.name.endswith(RECOMPUTED_SUFFIX) or node.target is run_with_rng_state:
+        if is_recomputed_name(node.name) or node.target is run_with_rng_state:
             problems.append(f"forward contains recompute node {node.name}")
     _raise(problems, "rewrite")
 

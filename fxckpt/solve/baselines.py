@@ -10,9 +10,9 @@ from dataclasses import replace
 import time
 import numpy as np
 
-from ..types import Decision
-from .cut import min_cut
-from .problem import Problem, computed_in_backward, to_decision
+from fxckpt.types import Decision
+from fxckpt.solve.cut import min_cut
+from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 
 def save_all(problem: Problem) -> Decision:

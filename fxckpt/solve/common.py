@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..types import Profile
+from fxckpt.types import Profile
 
 
 def run_in_forward(profile: Profile, saved: frozenset[str]) -> frozenset[str]:

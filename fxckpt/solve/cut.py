@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-from .problem import Problem
+from fxckpt.solve.problem import Problem
 
 _INF = 2**30
 _FINITE_TOTAL = 2**28

@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 
-from .cut import min_cut
-from .ilp import Infeasible, relaxed_saved, solve_ilp
-from .problem import Problem, computed_in_backward
+from fxckpt.solve.cut import min_cut
+from fxckpt.solve.ilp import Infeasible, relaxed_saved, solve_ilp
+from fxckpt.solve.problem import Problem, computed_in_backward
 
 _BISECTION_STEPS = 24
 _FILL_CANDIDATES = 64

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from .problem import Problem
+from fxckpt.solve.problem import Problem
 
 
 _OBJECTIVE_SCALE = 1e6

@@ -40,8 +40,8 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..types import BACKWARD, Decision, Profile, Tag
-from .common import run_in_forward
+from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
+from fxckpt.solve.common import run_in_forward
 
 MAX_STAGES = 64
 _P = CheckpointPolicy
@@ -259,7 +259,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
         must_offload[i] = can_offload[i] and policy == CheckpointPolicy.MUST_CPU_OFFLOAD
         hint_save[i] = policy in _PREFER_KEEP
         hint_recompute[i] = policy == CheckpointPolicy.PREFER_RECOMPUTE
-        if origin != "default":
+        if origin != Origin.DEFAULT:
             # PREFER_CPU_OFFLOAD carries no penalty: under a budget, keeping
             # the value on the device, offloading it and recomputing it are
             # priced against each other (memory, transfer time, recompute).
@@ -358,7 +358,7 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
         if phase == "forward":
             rows_saved.append((np.arange(n) <= t) & (last_fwd < t))
             base.append(base_fwd[t])
-            labels.append(f"forward:{names[t]}")
+            labels.append(point(FORWARD, names[t]))
         else:
             rows_saved.append(last_bwd >= t)
             base.append(base_bwd[t] + held)

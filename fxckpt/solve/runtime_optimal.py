@@ -15,10 +15,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import PolicyError
-from ..types import Decision
-from .cut import NoFiniteCut, min_cut
-from .problem import Problem, computed_in_backward, to_decision
+from fxckpt.errors import PolicyError
+from fxckpt.types import Decision
+from fxckpt.solve.cut import NoFiniteCut, min_cut
+from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 _PREFER_RECOMPUTE_PENALTY = 1.001
 

@@ -5,7 +5,8 @@ Every way trains the same ``Step`` module (model and loss together), so a
 compiled way's graph covers the whole step, as in the memory-model tests.
 Compiled ways other than Inductor run their graphs the way ``aot_eager``
 does (the generated Python code of each graph), so step times compare plans
-rather than graph runners; that includes fxckpt's rows (``AotEagerRuntime``).
+rather than graph runners; fxckpt's rows run through ``fxckpt.backend``,
+as users call it (``compiler="eager"`` runs generated code too).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import torch
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
-from .backend import Backend
-from .errors import FxckptError, surface_through_dynamo
-from .options import Options
-from .pipeline import Planner
+from fxckpt.backend import Backend
+from fxckpt.options import Options
 
 aten = torch.ops.aten
 
@@ -131,7 +130,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
 
         backend = fxckpt.backend(budget=budget_bytes, compiler="inductor")
     else:
-        backend = AotEagerRuntime(Options.create(budget=budget_bytes, compiler="eager"))
+        backend = Backend(Options.create(budget=budget_bytes, compiler="eager"))
     return Built(torch.compile(step, backend=backend), plans=backend.plans)
 
 
@@ -164,26 +163,6 @@ def _timed(partition_fn, seconds: list[float]):
     return timed
 
 
-class AotEagerRuntime(Backend):
-    """fxckpt's backend with aot_eager's graph runner.
-
-    ``compiler="eager"`` runs the planned graphs through fx.Interpreter,
-    which adds Python overhead per op that has nothing to do with the plan;
-    this runs the same planned graphs as their generated code, like the
-    torch rows. Plans, budgets and their split across graphs are the
-    backend's own."""
-
-    def __call__(self, gm, example_inputs):
-        try:
-            planner = Planner(self._options_for_next_graph(), on_plan=self.plans.append,
-                              node_policy=self.node_policy)
-            # As fxckpt's backend does (capture.compile_planned): input
-            # mutations (BatchNorm's running statistics) stay out of the graph.
-            return _aot_eager(planner, keep_inference_input_mutations=False)(
-                gm, example_inputs)
-        except FxckptError as error:
-            raise surface_through_dynamo(error) from None
-
 
 # --- eager checkpointing -----------------------------------------------------
 
@@ -202,7 +181,7 @@ def _per_block(forward):
 
 
 def _fxckpt_per_block(forward):
-    from .eager import checkpoint as fxckpt_checkpoint
+    from fxckpt.eager.checkpoint import checkpoint as fxckpt_checkpoint
 
     @functools.wraps(forward)
     def checkpointed(*args):

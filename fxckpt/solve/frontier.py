@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..errors import BudgetError
-from ..options import format_bytes
-from ..types import Decision
-from .baselines import per_block, recompute_all, sqrt_segments
-from .fast import solve_fast
-from .ilp import Infeasible, solve_ilp
-from .problem import Problem, to_decision
+from fxckpt.errors import BudgetError
+from fxckpt.types import Decision
+from fxckpt.solve.baselines import per_block, recompute_all, sqrt_segments
+from fxckpt.solve.fast import solve_fast
+from fxckpt.solve.ilp import Infeasible, solve_ilp
+from fxckpt.solve.problem import Problem, to_decision
 
 # solver="auto" uses the exact ILP up to this many forward values.
 ILP_MAX_VALUES = 400
@@ -43,11 +43,34 @@ _STALLS_BEFORE_STOP = 3
 _FLOOR_STEPS = 4
 
 
+class Timeline(Protocol):
+    """What the frontier reads of an evaluated plan: its exact peak."""
+
+    peak_bytes: int
+    peak_at: str
+
+
+# evaluate(decision) -> (whatever the caller keeps of the plan, its Timeline)
+Evaluate = Callable[[Decision], "tuple[Any, Timeline]"]
+
+
+class NoPlanFits(BudgetError):
+    """No frontier plan peaks within ``budget``; ``floor`` is the lowest one.
+    The numbers only: the pipeline words the error users see."""
+
+    def __init__(self, budget: int, floor: "Candidate", runtime_optimal_peak: int) -> None:
+        super().__init__(f"no plan fits {budget} bytes; the floor is {floor.peak} bytes",
+                         floor_bytes=floor.peak)
+        self.budget = budget
+        self.floor = floor
+        self.runtime_optimal_peak = runtime_optimal_peak
+
+
 @dataclass(frozen=True)
 class Candidate:
     decision: Decision
-    rewritten: object
-    timeline: object
+    rewritten: Any          # the first part of what evaluate returned
+    timeline: Timeline
     cost: float
 
     @property
@@ -55,22 +78,23 @@ class Candidate:
         return self.timeline.peak_bytes
 
 
-def solve_budgeted(problem: Problem, evaluate, budget: int, solver: str, *,
-                   runtime_optimal):
+def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: str, *,
+                   runtime_optimal, frontier: list[Candidate] | None = None):
     """``runtime_optimal`` is (decision, rewritten, timeline) of the plan
-    without a budget."""
+    without a budget; ``frontier``, when the caller has built it already."""
     start = time.perf_counter()
-    frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
+    if frontier is None:
+        frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
     seconds = time.perf_counter() - start
     fitting = [c for c in frontier if c.peak <= budget]
     if not fitting:
-        raise _budget_error(frontier[0], budget, runtime_optimal[2].peak_bytes)
+        raise NoPlanFits(budget, frontier[0], runtime_optimal[2].peak_bytes)
     chosen = min(fitting, key=lambda c: (c.cost, c.peak))
     decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
     return decision, chosen.rewritten, chosen.timeline
 
 
-def pareto_frontier(problem: Problem, evaluate, solver: str, runtime_optimal
+def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal
                     ) -> list[Candidate]:
     """Plans on the exact peak / time cost frontier, lowest peak first."""
     strategy = _pick(solver, problem)
@@ -165,28 +189,3 @@ def _cost(problem: Problem, decision: Decision) -> float:
 
 def _mask(problem: Problem, names) -> np.ndarray:
     return np.array([name in names for name in problem.names], dtype=bool)
-
-
-def _budget_error(floor: Candidate, budget, runtime_optimal_peak) -> BudgetError:
-    what = dominated_by(floor.rewritten, floor.timeline) if floor.rewritten is not None \
-        else "values the memory model could not break down"
-    return BudgetError(
-        f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
-        f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
-        f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
-        f"floor the peak is at {floor.timeline.peak_at}, made of {what}. Raise the "
-        f"budget to at least {floor.peak} bytes, or shrink the batch.",
-        floor_bytes=floor.peak, dominated_by=what)
-
-
-def dominated_by(rewritten, timeline) -> str:
-    """Say what the memory live at the peak is made of."""
-    from ..memory import breakdown
-
-    parts, largest, largest_bytes = breakdown(
-        rewritten.forward.graph, rewritten.backward.graph, timeline.peak_at)
-    total = sum(parts.values()) or 1
-    ranked = sorted(parts.items(), key=lambda kv: -kv[1])
-    kinds = ", ".join(f"{name} {format_bytes(b)} ({b / total:.0%})" for name, b in ranked[:3]
-                      if b > 0) or "nothing measurable"
-    return f"{kinds}; the largest single value is {largest} ({format_bytes(largest_bytes)})"

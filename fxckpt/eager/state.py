@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from .errors import FxckptError
+from fxckpt.errors import FxckptError
 
 
 # ---------------------------------------------------------------------------

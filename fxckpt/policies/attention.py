@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from .passes.ops import ATTENTION_OPS
-from .policies import DEFER, P, Answer, _packet, is_matmul
-from .policy_api import OpCall
+from fxckpt.ops import ATTENTION_OPS
+from fxckpt.ops import is_matmul_op, op_packet
+from fxckpt.policies.api import DEFER, P, Answer, OpCall
 
 aten = torch.ops.aten
 
@@ -34,7 +34,7 @@ class AttentionDecider:
         self.inputs[call.name] = call.inputs
         for name in call.inputs:
             self.users[name].append(call.name)
-        if _packet(call.op) in ATTENTION_OPS | _SOFTMAX_OPS:
+        if op_packet(call.op) in ATTENTION_OPS | _SOFTMAX_OPS:
             return P.PREFER_RECOMPUTE
         # A view holds its base's bytes: saving the rest means saving values,
         # and a view of a recomputed softmax must not keep the softmax alive.
@@ -42,7 +42,7 @@ class AttentionDecider:
 
     def finish(self) -> dict[str, Answer]:
         core: set[str] = set()
-        softmaxes = [n for n, op in self.ops.items() if _packet(op) in _SOFTMAX_OPS]
+        softmaxes = [n for n, op in self.ops.items() if op_packet(op) in _SOFTMAX_OPS]
         for name in softmaxes:
             scores = self._path_to_matmul(name, self.inputs, _passes_before)
             weighted = self._path_to_matmul(name, self.users, _passes_after)
@@ -65,7 +65,7 @@ class AttentionDecider:
             op = self.ops.get(name)
             if op is None or depth > _MAX_PATH:
                 return False
-            if name != start and is_matmul(op):
+            if name != start and is_matmul_op(op):
                 found = True
             elif name == start or passes(op):
                 found = any([reaches(n, depth + 1) for n in edges.get(name, ())])
@@ -82,9 +82,9 @@ class AttentionDecider:
 
 def _passes_before(op) -> bool:
     """Ops between a score matmul and its softmax: views, scaling, masking, casts."""
-    return (getattr(op, "is_view", False) or _packet(op) in _COPY_OPS
+    return (getattr(op, "is_view", False) or op_packet(op) in _COPY_OPS
             or torch.Tag.pointwise in getattr(op, "tags", ()))
 
 
 def _passes_after(op) -> bool:
-    return _passes_before(op) or _packet(op) in _DROPOUT_OPS
+    return _passes_before(op) or op_packet(op) in _DROPOUT_OPS

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+
 StepFn = Callable[[], Any]
 
 
@@ -145,17 +146,20 @@ def measure_saved_bytes(step_fn_forward: StepFn, *,
                        output=output)
 
 
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
-
 
 # --- time --------------------------------------------------------------------
 
 def time_steps(step_fn: StepFn, *, repeat: int, warmup: int = 1,
-               device: str | torch.device | None = None) -> list[float]:
-    """Run ``step_fn()`` ``warmup`` times untimed, then ``repeat`` times, and
-    return each timed run's wall-clock seconds. On a CUDA device, the clock
-    stops only after the device has finished the step's work."""
+               device: str | torch.device | None = None, min_seconds: float = 0.0,
+               cpu_seconds: list[float] | None = None) -> list[float]:
+    """Run ``step_fn()`` ``warmup`` times untimed, then ``repeat`` times (and
+    more, up to 20 times as many, until ``min_seconds`` have passed, so short
+    steps get enough samples), and return each timed run's wall-clock
+    seconds. On a CUDA device, the clock stops only after the device has
+    finished the step's work. ``cpu_seconds``, if given, gets each timed
+    run's calling-thread CPU seconds: on the CPU with one torch thread,
+    forward and backward both run on the calling thread, so that is the
+    step's work without the time other processes on a shared machine take."""
     if repeat < 1 or warmup < 0:
         raise ValueError(f"time_steps: need repeat >= 1 and warmup >= 0, got "
                          f"repeat={repeat}, warmup={warmup}")
@@ -165,10 +169,18 @@ def time_steps(step_fn: StepFn, *, repeat: int, warmup: int = 1,
     for _ in range(warmup):
         step_fn()
     sync()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
+    times: list[float] = []
+    while len(times) < repeat or (sum(times) < min_seconds and len(times) < 20 * repeat):
+        start, start_cpu = time.perf_counter(), time.thread_time()
         step_fn()
         sync()
         times.append(time.perf_counter() - start)
+        if cpu_seconds is not None:
+            cpu_seconds.append(time.thread_time() - start_cpu)
     return times
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    # Kept apart from fxckpt.memory's on purpose: this module imports nothing
+    # of the pipeline whose predictions it checks.
+    return tensor.untyped_storage().data_ptr()

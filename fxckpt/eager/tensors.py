@@ -8,62 +8,21 @@ copies of saved outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from fxckpt.memory import storage_key
+from fxckpt.ops import TRAINING_ARGUMENT, UNDECLARED_WRITES
+
 TensorMeta = tuple[tuple[int, ...], torch.dtype, torch.device]
-
-
-@dataclass(frozen=True)
-class OpKind:
-    writes: bool      # writes to one of its arguments
-    aliases: bool     # an output aliases an input
-    random: bool
-
-    @property
-    def cacheable(self) -> bool:
-        return not (self.writes or self.aliases)
-
-
-_kinds: dict[Any, OpKind] = {}
-
-aten = torch.ops.aten
-# Ops that write to arguments their schema does not mark as written: the
-# BatchNorm kernels update running_mean and running_var (positions 3 and 4)
-# when ``training`` (position 5) is true.
-_UNDECLARED_WRITES = {
-    aten.native_batch_norm.default: (3, 4),
-    aten.cudnn_batch_norm.default: (3, 4),
-    aten.miopen_batch_norm.default: (3, 4),
-}
-_TRAINING = 5
-
-
-def op_kind(func) -> OpKind:
-    kind = _kinds.get(func)
-    if kind is None:
-        schema = getattr(func, "_schema", None)
-        if schema is None:  # a higher-order operator
-            kind = OpKind(writes=False, aliases=True, random=False)
-        else:
-            kind = OpKind(
-                writes=func in _UNDECLARED_WRITES or any(
-                    a.alias_info is not None and a.alias_info.is_write
-                    for a in schema.arguments),
-                aliases=any(r.alias_info is not None for r in schema.returns),
-                random=torch.Tag.nondeterministic_seeded in func.tags)
-        _kinds[func] = kind
-    return kind
 
 
 def _written_arguments(func, args, kwargs):
     """(position or keyword, value) of every argument ``func`` writes to."""
-    undeclared = _UNDECLARED_WRITES.get(func)
+    undeclared = UNDECLARED_WRITES.get(func)
     if undeclared is not None:
-        if len(args) > _TRAINING and args[_TRAINING]:
+        if len(args) > TRAINING_ARGUMENT and args[TRAINING_ARGUMENT]:
             yield from ((i, args[i]) for i in undeclared if i < len(args))
         return
     for i, arg in enumerate(func._schema.arguments):
@@ -128,12 +87,6 @@ def tensor_leaves(tree) -> list[torch.Tensor]:
 def tensor_metas(out) -> tuple[TensorMeta, ...]:
     return tuple((tuple(x.shape), x.dtype, x.device) for x in tensor_leaves(out))
 
-
-def storage_key(t: torch.Tensor) -> Optional[int]:
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, some subclasses)
-        return None
 
 
 def alias(t: torch.Tensor) -> torch.Tensor:

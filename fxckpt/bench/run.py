@@ -1,12 +1,12 @@
 """``fxckpt bench``: torch's ways of saving activation memory and fxckpt's,
 side by side, measured in one process on the built-in models.
 
-For each model every way (bench_ways.ways) trains fresh copies of the same
-weights on the same batch; bench_measure measures each. fxckpt then gets,
+For each model every way (ways.ways) trains fresh copies of the same
+weights on the same batch; bench.work measures each. fxckpt then gets,
 as an absolute budget, the measured peak of each of torch's budgeted rows,
 and its floor; the verdicts compare measured peak and counted recompute
 cost at those matched budgets. Results go to bench.json, bench.md and
-pareto.png (bench_report).
+pareto.png (bench.report).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import bench_measure, bench_ways
-from .bench_ways import EAGER, FXCKPT, TORCH, Step, Way
-from .errors import BudgetError
-from .models import make_model
+from fxckpt.bench import work as bench_measure
+from fxckpt.bench import ways as bench_ways
+from fxckpt.bench.ways import EAGER, FXCKPT, TORCH, Step, Way
+from fxckpt.errors import BudgetError
+from fxckpt.models import make_model
 
 SCHEMA = 1
 # Row fields every row of bench.json carries (None where not applicable).
@@ -93,7 +94,7 @@ def run_model(name: str, config: BenchConfig, progress, *,
     they need (eager and the saves-all compiled step as references, the
     torch row whose peak an fxckpt row takes as budget). ``sweep`` adds
     fxckpt's frontier (fxckpt.pareto) for the plot."""
-    from .pareto import pareto
+    from fxckpt.pareto import pareto
 
     model, inputs, loss_fn = make_model(name, size=config.size)
     result = ModelResult(name, describe(name, model, inputs))
@@ -103,7 +104,7 @@ def run_model(name: str, config: BenchConfig, progress, *,
     progress.start(name, len(plan_ways) + sweep + floor_needed)
     if sweep:
         with progress.row("fxckpt frontier (pareto)"):
-            swept = pareto(Step(model, loss_fn), *inputs)
+            swept = pareto(Step(model, loss_fn), *inputs, compiler="eager")
         result.frontier = [frontier_point(plan) for plan in swept.frontier]
         result.floor["pareto_floor_bytes"] = swept.floor_bytes
     floor = None
@@ -146,7 +147,7 @@ def measure_rows(model: str, keys, *, size: str = "small", repeat: int = 3,
                  threads: int = 1, progress=None):
     """Run some rows of the bench table on one built-in model; returns a
     ``bench_report.Rows`` (the rows as in bench.json; shows as a table)."""
-    from .bench_report import Rows
+    from fxckpt.bench.report import Rows
 
     config = BenchConfig(models=(model,), size=size, repeat=repeat, min_seconds=0.0,
                          threads=threads, inductor=any("inductor" in k for k in keys))
@@ -298,10 +299,10 @@ def floor_verdict(rows: dict[str, dict]) -> dict:
 
 def floor_bytes(step: torch.nn.Module, inputs) -> int | None:
     """fxckpt's floor, as BudgetError names it at a 1-byte budget."""
-    from .explain import explain
+    from fxckpt.explain import explain
 
     try:
-        explain(step, *inputs, budget=1)
+        explain(step, *inputs, budget=1, compiler="eager")
     except BudgetError as error:
         return error.floor_bytes
     return None

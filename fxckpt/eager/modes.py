@@ -31,7 +31,6 @@ by the function, which makes new tensors each time it runs.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -43,27 +42,25 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .eager_ops import (OpKind, TensorMeta, alias, copy, describe_meta, op_kind,
-                        run_on_copies, storage_key, tensor_leaves, tensor_metas,
-                        written_tensors)
-from .eager_state import ModuleScope, RngSnapshot, format_where, user_frame
-from .errors import FxckptError, PolicyError
-from .naming import names_of
-from .policy_api import Decider, OpCall, finish
+from fxckpt.eager.tensors import (TensorMeta, alias, copy, describe_meta, run_on_copies,
+                                  tensor_leaves, tensor_metas, written_tensors)
+from fxckpt.eager.state import ModuleScope, RngSnapshot, format_where, user_frame
+from fxckpt.errors import FxckptError, warn_once
+from fxckpt.memory import storage_key
+from fxckpt.naming import names_of
+from fxckpt.ops import OpKind, op_kind
+from fxckpt.policies.api import Decider, OpCall, check_answer, finish
 
 _SAVE = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE,
                    # Offloading is not implemented on the eager path: kept in place.
                    CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
 
 _OFFLOAD = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
-_offload_warned = False
 
 
 def _warn_offload_kept(func) -> None:
-    global _offload_warned
-    if not _offload_warned:
-        _offload_warned = True
-        warnings.warn(
+    warn_once(
+            "offload in fxckpt.checkpoint",
             f"the policy asks to offload {func} to CPU memory, but fxckpt.checkpoint "
             "(the eager path, and graph-break fallback regions) does not offload: the "
             "value is saved where it is. Compile the region (fxckpt.backend) to offload.",
@@ -73,6 +70,15 @@ def _warn_offload_kept(func) -> None:
 # Checkpointing itself adds detach calls (the recomputation's pack hook) and
 # metadata queries; they are not ops of the user's function.
 IGNORED_OPS = SAC_IGNORED_OPS
+
+
+def is_ignored(func) -> bool:
+    """Ops that are not the function's computation: neither logged, checked
+    nor saved. Besides ``IGNORED_OPS``, the profiler's ops
+    (``record_function`` ranges), which also run when a recomputation stopped
+    early unwinds through a ``record_function`` block."""
+    return func in IGNORED_OPS or getattr(func, "namespace", None) == "profiler"
+
 
 class RecomputeMismatchError(FxckptError):
     """The recomputation of a checkpointed function did not do what its
@@ -192,12 +198,15 @@ class Recorder(TorchDispatchMode):
         self.rng = rng
         self.calls: dict[Any, int] = defaultdict(int)
         self.pending: Optional[_Pending] = None
+        # True while the function's checkpoint recomputes within the forward
+        # (the function called torch.autograd.grad): those ops are not logged.
+        self.paused = False
         # Tensor -> name of the op that produced it, for ``OpCall.inputs``.
         self.producers = WeakTensorKeyDictionary() if decide is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in IGNORED_OPS:
+        if self.paused or is_ignored(func):
             return func(*args, **kwargs)
         if self.pending is not None:
             self.flush()
@@ -258,13 +267,8 @@ class Recorder(TorchDispatchMode):
                       value_names=tuple(n for t in tensor_leaves(op.out) for n in names_of(t)),
                       output=op.out,
                       inputs=self._producers_of(op.args, op.kwargs))
-        answer = self.decide(call)
-        if answer is not None and not isinstance(answer, CheckpointPolicy):
-            raise PolicyError(
-                f"the policy answered {answer!r} for op #{index} ({op.func}) "
-                f"[{call.source}]; a policy must answer a "
-                "torch.utils.checkpoint.CheckpointPolicy or None.")
-        return answer
+        return check_answer(self.decide(call),
+                            what=f"op #{index} ({op.func}) [{call.source}]")
 
     def _producers_of(self, args, kwargs) -> tuple[str, ...]:
         names = (self.producers.get(t) for t in tensor_leaves(args))
@@ -274,7 +278,7 @@ class Recorder(TorchDispatchMode):
         return tuple(n for n in names if n is not None)
 
     def _revise(self) -> None:
-        """Apply the policy's revised answers (``policy_api.finish``) that
+        """Apply the policy's revised answers (``policies.api.finish``) that
         drop a saved output; one that asks to save an op whose output is gone
         cannot be followed, and the first answer is safe."""
         if self.decide is None:
@@ -317,16 +321,27 @@ class Recorder(TorchDispatchMode):
 
 
 class Replayer(TorchDispatchMode):
+    """``check``: raise on ops other than the forward's. ``debug``: keep the
+    ops run, for ``trace``. ``forward_done``: False for a recomputation
+    within the forward, whose log ends where the forward is now (ops past
+    it are not checked). ``stopped``: set when the recomputation is stopped
+    early; ops run while unwinding are not the function's."""
+
     supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
 
-    def __init__(self, log: OpLog, *, check: bool) -> None:
+    def __init__(self, log: OpLog, *, check: bool, debug: bool = False,
+                 forward_done: bool = True) -> None:
         super().__init__()
         self.log = log
         self.check = check
+        self.forward_done = forward_done
+        self.stopped = False
+        # (op, outputs or None when not run or served, where) of each op.
+        self.ran: Optional[list[tuple]] = [] if debug else None
         self.position = 0
         self.calls: dict[Any, int] = defaultdict(int)
         # Explicit generators this recomputation moved, and their states
@@ -345,15 +360,26 @@ class Replayer(TorchDispatchMode):
         self.generators.setdefault(generator, generator.get_state())
         generator.set_state(after if not ran else before)
 
+    def trace(self) -> str:
+        """The ops of the forward and of this recomputation, for ``debug``."""
+        forward = "\n".join(f"  #{r.index} {r.describe()}" for r in self.log.records)
+        ran = "\n".join(f"  #{i} {_describe_ran(*entry)}"
+                        for i, entry in enumerate(self.ran or ()))
+        return (f"Ops of the forward:\n{forward or '  (none)'}\n"
+                f"Ops of the recomputation:\n{ran or '  (none)'}")
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in IGNORED_OPS:
+        if self.stopped or is_ignored(func):
             return func(*args, **kwargs)
         index = self.position
         self.position += 1
         records = self.log.records
         record = records[index] if index < len(records) else None
-        if self.check and (record is None or record.op is not func):
+        if self.ran is not None:
+            self.ran.append((func, None, user_frame()))
+        checked = self.check and (self.forward_done or index < len(records))
+        if checked and (record is None or record.op is not func):
             raise op_mismatch(index, record, func, user_frame())
         key = (func, self.calls[func])
         self.calls[func] += 1
@@ -378,7 +404,9 @@ class Replayer(TorchDispatchMode):
             out = run_on_copies(func, args, kwargs, outside)
         else:
             out = func(*args, **kwargs)
-        if self.check and record is not None:
+        if self.ran is not None:
+            self.ran[index] = (func, tensor_metas(out), self.ran[index][2])
+        if checked and record is not None:
             recomputed = tensor_metas(out)
             if recomputed != record.outputs:
                 raise output_mismatch(record, recomputed, user_frame())
@@ -400,6 +428,13 @@ def describe_op(op, metas, where) -> str:
     text = f"{op} -> {describe_meta(metas)}"
     source = format_where(where)
     return f"{text} at {source}" if source else text
+
+
+def _describe_ran(op, metas, where) -> str:
+    if metas is not None:
+        return describe_op(op, metas, where)
+    source = format_where(where)
+    return f"{op} at {source}" if source else f"{op}"
 
 
 def op_mismatch(index: int, record: Optional[OpRecord], func,

@@ -1,5 +1,5 @@
-"""What ``fxckpt bench`` measures of one way of training: the first step's
-loss and gradients, the peak memory, the bytes saved for backward, the work
+"""For ``fxckpt bench`` and ``fxckpt demo``, what they measure of one way
+of training: the first step's loss and gradients, the peak memory, the bytes saved for backward, the work
 done, and the step time.
 
 Work is counted while the step runs: every aten op that executes (in eager,
@@ -17,12 +17,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
-from . import measure
-from .passes.profile import CostModel
+from fxckpt.bench.measure import measure_peak_bytes, measure_saved_bytes, time_steps
+from fxckpt.memory import tensor_bytes
+from fxckpt.passes.profile import CostModel, op_flops
 
 
 @dataclass
@@ -68,11 +67,11 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
 
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
-        peak = measure.measure_peak_bytes(lambda: run(*inputs).backward())
+        peak = measure_peak_bytes(lambda: run(*inputs).backward())
 
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
-        saved = measure.measure_saved_bytes(lambda: run(*inputs), exclude=live)
+        saved = measure_saved_bytes(lambda: run(*inputs), exclude=live)
         saved.output.backward()
 
         torch.manual_seed(1)
@@ -80,30 +79,14 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
             step()
 
         torch.manual_seed(2)
-        wall, cpu = time_steps(step, repeat=repeat, min_seconds=min_seconds)
+        cpu: list[float] = []
+        wall = time_steps(step, repeat=repeat, min_seconds=min_seconds, cpu_seconds=cpu)
     model.zero_grad(set_to_none=True)
     return Measured(first_step_seconds=first, step_seconds=statistics.median(wall),
                     step_cpu_seconds=statistics.median(cpu), step_times=wall,
                     peak_bytes=peak, saved_bytes=saved.total_bytes,
                     flops=work.flops, cost=work.cost, loss=loss, grads=grads)
 
-
-def time_steps(step, *, repeat: int, min_seconds: float = 0.0
-               ) -> tuple[list[float], list[float]]:
-    """Wall-clock and calling-thread CPU seconds of timed steps after one
-    warm-up: ``repeat`` of them, and more (up to 20 times as many) until
-    ``min_seconds`` have passed, so short steps get enough samples. On the
-    CPU with one torch thread, forward and backward both run on the calling
-    thread, so its CPU time is the step's work without the time other
-    processes on a shared machine take from it."""
-    step()
-    wall, cpu = [], []
-    while len(wall) < repeat or (sum(wall) < min_seconds and len(wall) < 20 * repeat):
-        started, started_cpu = time.perf_counter(), time.thread_time()
-        step()
-        cpu.append(time.thread_time() - started_cpu)
-        wall.append(time.perf_counter() - started)
-    return wall, cpu
 
 
 def compare(measured: Measured, reference: Measured) -> dict:
@@ -167,15 +150,9 @@ class WorkCounter(TorchDispatchMode):
     def _count(self, op, args, kwargs, out) -> None:
         if not isinstance(op, torch._ops.OpOverload):
             return
-        flops = 0
-        formula = flop_registry.get(op.overloadpacket)
-        if formula is not None:
-            flops = int(formula(*args, **kwargs, out_val=out))
-        moved = 0 if op.is_view else _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        flops = op_flops(op, args, kwargs, out)
+        moved = 0 if op.is_view else tensor_bytes((args, kwargs)) + tensor_bytes(out)
         self.flops += flops
         self.cost += self.cost_model.seconds(flops, moved)
 
 
-def _tensor_bytes(tree) -> int:
-    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(tree)
-               if isinstance(t, torch.Tensor))

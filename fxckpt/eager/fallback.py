@@ -35,9 +35,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .eager import checkpoint
-from .errors import BudgetError
-from .options import Budget, format_bytes
+from fxckpt.eager.checkpoint import checkpoint
+from fxckpt.errors import BudgetError
+from fxckpt.memory import storage_key
+from fxckpt.options import Budget, format_bytes
 
 # Dynamo compiles the code after a break as a new function named after the
 # one it resumes ("torch_dynamo_resume_in_forward_at_31").
@@ -314,7 +315,7 @@ class _HeldBytes(TorchDispatchMode):
 
     def __init__(self, *, exclude: list[torch.Tensor]) -> None:
         super().__init__()
-        self.excluded = {_storage_key(t) for t in exclude}
+        self.excluded = {storage_key(t) for t in exclude}
         self.packed: dict[int, int] = {}
         self.allocated: dict[int, tuple[StorageWeakRef, int, int]] = {}
         self._hooks: Any = None
@@ -326,7 +327,7 @@ class _HeldBytes(TorchDispatchMode):
         def pack(tensor: torch.Tensor):
             storage = tensor.untyped_storage()
             if storage.nbytes():
-                self.packed.setdefault(_storage_key(tensor), storage.nbytes())
+                self.packed.setdefault(storage_key(tensor), storage.nbytes())
             return outer_pack(tensor) if outer_pack is not None else tensor
 
         def unpack(packed):
@@ -351,11 +352,11 @@ class _HeldBytes(TorchDispatchMode):
                 except (RuntimeError, NotImplementedError):  # a wrapper subclass
                     continue
                 ref = StorageWeakRef(storage)
-                self.allocated[ref.cdata] = (ref, storage.data_ptr(), storage.nbytes())
+                self.allocated[ref.cdata] = (ref, storage_key(tensor), storage.nbytes())
         return out
 
     def count(self, *, inputs: Any, outputs: Any) -> int:
-        passed = {_storage_key(t) for t in tree_leaves((inputs, outputs))
+        passed = {storage_key(t) for t in tree_leaves((inputs, outputs))
                   if isinstance(t, torch.Tensor)}
         held = dict(self.packed)
         for ref, key, nbytes in self.allocated.values():
@@ -363,6 +364,3 @@ class _HeldBytes(TorchDispatchMode):
                 held.setdefault(key, nbytes)
         return sum(n for key, n in held.items() if key not in self.excluded)
 
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()

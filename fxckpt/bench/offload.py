@@ -19,11 +19,12 @@ import statistics
 
 import torch
 
-from . import measure, policies
-from .backend import backend
-from .bench_ways import Step
-from .models import make_model
-from .options import format_bytes
+from fxckpt import policies
+from fxckpt.bench import measure
+from fxckpt.backend import backend
+from fxckpt.bench.ways import Step
+from fxckpt.models import make_model
+from fxckpt.options import format_bytes
 
 ROWS = (
     ("eager", None),

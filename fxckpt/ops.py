@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -29,6 +31,21 @@ COMPUTE_INTENSIVE_OPS = MATMUL_OPS | ATTENTION_OPS | CONV_OPS
 # Namespaces whose ops are pure functions of their inputs (random ones aside,
 # which replay their RNG state). Ops from elsewhere are never recomputed.
 PURE_NAMESPACES = frozenset({"aten", "prims", "fxckpt"})
+SEED_DRAW = ("Inductor's seed draw (saved, a few bytes; the random ops it seeds are "
+             "recomputed from it and replay exactly)")
+
+
+def op_packet(op):
+    """The overload packet of an op (aten.mm for aten.mm.default), or the op itself."""
+    return getattr(op, "overloadpacket", op)
+
+
+def is_matmul_op(op) -> bool:
+    return op_packet(op) in MATMUL_OPS
+
+
+def is_random_op(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
 
 
 def packet(node: fx.Node):
@@ -62,9 +79,17 @@ def is_pointwise(node: fx.Node) -> bool:
 
 
 def is_random(node: fx.Node) -> bool:
+    return is_random_op(node.target)
+
+
+def is_seed_draw(node: fx.Node) -> bool:
+    """Inductor's draw of seeds for its native random ops (``fallback_random``
+    off): the ``inductor_random`` ops it feeds are pure functions of a seed, so
+    saving the seeds replays them exactly."""
+    # Matched by name: Inductor registers the op when it is first imported.
     target = node.target
-    return (isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags)
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and target.namespace == "prims" and target.__name__ == "inductor_seeds.default")
 
 
 def is_compute_intensive(node: fx.Node) -> bool:
@@ -72,7 +97,7 @@ def is_compute_intensive(node: fx.Node) -> bool:
 
 
 def is_matmul(node: fx.Node) -> bool:
-    return packet(node) in MATMUL_OPS
+    return is_matmul_op(node.target)
 
 
 def is_collective(node: fx.Node) -> bool:
@@ -100,6 +125,8 @@ def not_recomputable_reason(node: fx.Node) -> str:
         if target.namespace not in PURE_NAMESPACES:
             return (f"custom op {target.namespace}::{target._schema.name.split('::')[-1]} "
                     "(fxckpt cannot know it is deterministic, so it never runs it twice)")
+        if is_seed_draw(node):
+            return SEED_DRAW
         if is_random(node):
             return _random_replay_obstacle(node)
     if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):
@@ -169,3 +196,47 @@ def _clean_module_path(path: str) -> str:
             path = path[len(prefix):]
     path = path.replace("[", ".").replace("]", "").replace("'", "")
     return path.replace("_modules.", "").strip(".")
+
+
+# --- what an op does to its arguments (the eager path) ------------------------
+
+@dataclass(frozen=True)
+class OpKind:
+    writes: bool      # writes to one of its arguments
+    aliases: bool     # an output aliases an input
+    random: bool
+
+    @property
+    def cacheable(self) -> bool:
+        return not (self.writes or self.aliases)
+
+
+_kinds: dict[Any, OpKind] = {}
+
+# Ops that write to arguments their schema does not mark as written: the
+# BatchNorm kernels update running_mean and running_var (positions 3 and 4)
+# when ``training`` (position 5) is true.
+UNDECLARED_WRITES = {
+    aten.native_batch_norm.default: (3, 4),
+    aten.cudnn_batch_norm.default: (3, 4),
+    aten.miopen_batch_norm.default: (3, 4),
+}
+TRAINING_ARGUMENT = 5
+
+
+def op_kind(func) -> OpKind:
+    """What an op does to its arguments, as the eager checkpoint needs to know."""
+    kind = _kinds.get(func)
+    if kind is None:
+        schema = getattr(func, "_schema", None)
+        if schema is None:  # a higher-order operator
+            kind = OpKind(writes=False, aliases=True, random=False)
+        else:
+            kind = OpKind(
+                writes=func in UNDECLARED_WRITES or any(
+                    a.alias_info is not None and a.alias_info.is_write
+                    for a in schema.arguments),
+                aliases=any(r.alias_info is not None for r in schema.returns),
+                random=is_random_op(func))
+        _kinds[func] = kind
+    return kind

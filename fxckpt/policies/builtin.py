@@ -16,8 +16,6 @@ defaults())`` recomputes block 0 and plans the rest as without a policy.
 ``PREFER_*`` answers are followed unless a memory budget forces otherwise;
 ``MUST_*`` answers (``must(...)``, a policy function returning True or a MUST
 value, a list of ops) are never overridden.
-
-``resolve_policy`` turns what users pass as ``policy=`` into a factory.
 """
 
 from __future__ import annotations
@@ -26,133 +24,21 @@ import difflib
 import fnmatch
 import warnings
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Optional
+from typing import Callable, ClassVar, Mapping
 
 import torch
-from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy,
-                                    SelectiveCheckpointContext)
 
-from .passes.ops import MATMUL_OPS
-from .policy_api import Decider, OpCall, PolicyFactory, finish
+from fxckpt.ops import is_matmul_op, op_packet
+from fxckpt.policies.api import DEFER, P, Answer, OpCall, Policy, finish
+from fxckpt.policies.attention import AttentionDecider
 
 aten = torch.ops.aten
-P = CheckpointPolicy
 
 __all__ = [
-    "Policy", "DEFER", "resolve_policy", "save_all", "recompute_all", "defaults",
+    "save_all", "recompute_all", "defaults",
     "save_matmuls", "save_ops", "recompute_ops", "save_names", "by_module",
     "every_nth_matmul", "megatron_selective", "offload", "must", "first",
 ]
-
-
-class _Defer:
-    """The answer that hands an op back to the planner's defaults."""
-
-    def __repr__(self) -> str:
-        return "DEFER"
-
-
-DEFER = _Defer()
-Answer = Optional["CheckpointPolicy | _Defer"]
-
-_ACCEPTED = (
-    "policy= accepts a policy from fxckpt.policies (save_matmuls(), first(...), ...), "
-    "a torch selective-checkpoint function policy_fn(ctx, op, *args, **kwargs) "
-    "returning a CheckpointPolicy or a bool, or a list/tuple/set of ops to save "
-    "(torch.ops.aten.mm.default, or a packet such as torch.ops.aten.mm)"
-)
-
-
-def resolve_policy(user_policy) -> PolicyFactory | None:
-    """What a user passes as ``policy=`` -> a factory of per-graph deciders."""
-    if user_policy is None:
-        return None
-    if isinstance(user_policy, Policy):
-        return _Resolved(user_policy)
-    if hasattr(user_policy, "for_graph"):
-        return user_policy
-    if isinstance(user_policy, (list, tuple, set, frozenset)):
-        # torch's create_selective_checkpoint_contexts(list): these MUST_SAVE,
-        # everything else PREFER_RECOMPUTE.
-        return _Resolved(must(save_ops(*user_policy)))
-    if callable(user_policy):
-        return _PolicyFunction(user_policy)
-    raise TypeError(f"policy={user_policy!r} ({type(user_policy).__name__}) is not a "
-                    f"policy: {_ACCEPTED}")
-
-
-class Policy:
-    """Base of the vocabulary. Subclasses are frozen dataclasses; stateless ones
-    answer in ``__call__``, stateful ones override ``for_graph``."""
-
-    def __call__(self, call: OpCall) -> Answer:
-        raise NotImplementedError
-
-    def for_graph(self):
-        return self
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    """The top of a policy: what it leaves unanswered is recomputed."""
-
-    policy: Policy
-
-    def for_graph(self) -> Decider:
-        return _MappedDecider(self.policy.for_graph(), _settle)
-
-    def __repr__(self) -> str:
-        return repr(self.policy)
-
-
-def _settle(answer: Answer) -> CheckpointPolicy | None:
-    if answer is None:
-        return P.PREFER_RECOMPUTE
-    return None if answer is DEFER else answer
-
-
-# ---------------------------------------------------------------------------
-# torch selective-checkpoint functions
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _PolicyFunction:
-    """``policy_fn(ctx, op, *args, **kwargs)`` as torch's selective checkpointing
-    calls it: once per forward op, ``ctx.is_recompute`` False (fxckpt asks only
-    while planning the forward), ``ctx.op_output`` the op's (fake) output.
-    State the function keeps (counters) lives on across graphs."""
-
-    fn: Callable
-
-    def for_graph(self) -> Decider:
-        return self._decide
-
-    def _decide(self, call: OpCall) -> CheckpointPolicy | None:
-        if call.op in SAC_IGNORED_OPS:    # torch never shows these to policy_fn
-            return None
-        ctx = SelectiveCheckpointContext(is_recompute=False, op_output=call.output)
-        return as_checkpoint_policy(self.fn(ctx, call.op, *call.args, **call.kwargs),
-                                    call, self.fn)
-
-    def __repr__(self) -> str:
-        return getattr(self.fn, "__qualname__", repr(self.fn))
-
-
-def as_checkpoint_policy(answer, call: OpCall, fn=None) -> CheckpointPolicy:
-    """A policy function's answer as torch reads it: True is MUST_SAVE, False
-    PREFER_RECOMPUTE; anything but a bool or a CheckpointPolicy is an error."""
-    if isinstance(answer, CheckpointPolicy):
-        return answer
-    if isinstance(answer, bool):
-        return P.MUST_SAVE if answer else P.PREFER_RECOMPUTE
-    hint = " (did it miss a return statement?)" if answer is None else ""
-    who = getattr(fn, "__qualname__", "the policy function")
-    raise TypeError(
-        f"{who} returned {answer!r}{hint} for op {call.op} ({call.name}"
-        + (f", {call.source}" if call.source else "") + "); a policy function "
-        "must return a torch.utils.checkpoint.CheckpointPolicy or a bool "
-        "(True: MUST_SAVE, False: PREFER_RECOMPUTE)")
 
 
 # ---------------------------------------------------------------------------
@@ -194,19 +80,15 @@ class save_matmuls(Policy):
     no_batch_dims: bool = False
 
     def __call__(self, call: OpCall) -> Answer:
-        if not is_matmul(call.op):
+        if not is_matmul_op(call.op):
             return None
         if self.no_batch_dims and _has_batch_dims(call):
             return None
         return P.PREFER_SAVE
 
 
-def is_matmul(op) -> bool:
-    return _packet(op) in MATMUL_OPS
-
-
 def _has_batch_dims(call: OpCall) -> bool:
-    packet = _packet(call.op)
+    packet = op_packet(call.op)
     if packet in (aten.bmm, aten.baddbmm):
         return True
     if packet is aten.matmul:
@@ -240,11 +122,7 @@ class recompute_ops(save_ops):
 
 
 def _op_in(op, ops: tuple) -> bool:
-    return op in ops or _packet(op) in ops
-
-
-def _packet(op):
-    return getattr(op, "overloadpacket", op)
+    return op in ops or op_packet(op) in ops
 
 
 def _resolve_ops(ops, who: str) -> tuple:
@@ -416,7 +294,7 @@ class _NthMatmulDecider:
         self.count = 0
 
     def __call__(self, call: OpCall) -> Answer:
-        if not is_matmul(call.op):
+        if not is_matmul_op(call.op):
             return None
         self.count += 1
         return P.PREFER_RECOMPUTE if self.count % self.n == 0 else P.PREFER_SAVE
@@ -442,8 +320,6 @@ class megatron_selective(Policy):
                         "through for_graph(), one decider per graph")
 
     def for_graph(self):
-        from .policy_attention import AttentionDecider  # imports this module
-
         return AttentionDecider()
 
 
@@ -467,7 +343,7 @@ class _Remapped(Policy):
         return self._convert(self.policy(call))
 
     def for_graph(self):
-        return _MappedDecider(self.policy.for_graph(), self._convert)
+        return MappedDecider(self.policy.for_graph(), self._convert)
 
     def _convert(self, answer: Answer) -> Answer:
         return self.mapping.get(answer, answer)
@@ -488,7 +364,7 @@ class must(_Remapped):
     mapping: ClassVar[dict] = _MUST
 
 
-class _MappedDecider:
+class MappedDecider:
     """A decider's answers, revisions included, passed through ``convert``."""
 
     def __init__(self, inner, convert: Callable[[Answer], Answer]) -> None:

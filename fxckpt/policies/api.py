@@ -21,7 +21,21 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxckpt.errors import PolicyError
+
 Decider = Callable[["OpCall"], Optional[CheckpointPolicy]]
+P = CheckpointPolicy
+
+
+class _Defer:
+    """The answer that hands an op back to the planner's defaults."""
+
+    def __repr__(self) -> str:
+        return "DEFER"
+
+
+DEFER = _Defer()
+Answer = Optional["CheckpointPolicy | _Defer"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +64,39 @@ def finish(decide: Decider) -> Mapping[str, Optional[CheckpointPolicy]]:
     """The revised answers of ``decide`` (see the module docstring); {} if none."""
     revise = getattr(decide, "finish", None)
     return revise() if revise is not None else {}
+
+
+class Policy:
+    """Base of the vocabulary. Subclasses are frozen dataclasses; stateless ones
+    answer in ``__call__``, stateful ones override ``for_graph``."""
+
+    def __call__(self, call: OpCall) -> Answer:
+        raise NotImplementedError
+
+    def for_graph(self):
+        return self
+
+
+def as_checkpoint_policy(answer, call: OpCall, fn=None) -> CheckpointPolicy:
+    """A policy function's answer as torch reads it: True is MUST_SAVE, False
+    PREFER_RECOMPUTE; anything but a bool or a CheckpointPolicy is an error."""
+    if isinstance(answer, CheckpointPolicy):
+        return answer
+    if isinstance(answer, bool):
+        return P.MUST_SAVE if answer else P.PREFER_RECOMPUTE
+    hint = " (did it miss a return statement?)" if answer is None else ""
+    who = getattr(fn, "__qualname__", "the policy function")
+    raise TypeError(
+        f"{who} returned {answer!r}{hint} for op {call.op} ({call.name}"
+        + (f", {call.source}" if call.source else "") + "); a policy function "
+        "must return a torch.utils.checkpoint.CheckpointPolicy or a bool "
+        "(True: MUST_SAVE, False: PREFER_RECOMPUTE)")
+
+
+def check_answer(answer, *, what: str) -> Optional[CheckpointPolicy]:
+    """A decider's answer, or PolicyError saying ``what`` was answered wrongly:
+    a decider answers a CheckpointPolicy or None."""
+    if answer is not None and not isinstance(answer, CheckpointPolicy):
+        raise PolicyError(f"{what}: the policy answered {answer!r}; a policy answers a "
+                          "torch.utils.checkpoint.CheckpointPolicy or None")
+    return answer

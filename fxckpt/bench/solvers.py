@@ -13,10 +13,12 @@ import time
 
 import torch
 
-from .bench_ways import Step
-from .models import GPT, GPTConfig, gpt_loss, make_model
-from .options import Options, format_bytes
-from .pipeline import Frontier, FrontierPlanner
+from fxckpt.bench.ways import Step
+from fxckpt.models import GPT, GPTConfig, gpt_loss, make_model
+from fxckpt.options import Options, format_bytes
+from fxckpt.capture import capture_once, compile_planned
+from fxckpt.passes.profile import tangent_dependent
+from fxckpt.pipeline import Frontier, FrontierPlanner, Planner
 
 # Budgets for the ILP / fast comparison: fractions of the way from the
 # ILP's floor up to the runtime-optimal peak.
@@ -29,28 +31,17 @@ class JointRecorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.options = Options.create(compiler="eager")
 
     def __call__(self, joint, joint_inputs, **kwargs):
-        from .pipeline import Planner
-
         self.calls.append((joint, joint_inputs, kwargs))
-        return Planner(Options.create(compiler="eager"))(joint, joint_inputs, **kwargs)
+        return Planner(self.options)(joint, joint_inputs, **kwargs)
 
 
 def capture_joint(step: torch.nn.Module, inputs) -> tuple:
     """(joint graph, joint inputs, partition kwargs) of ``step``'s one graph."""
-    from torch._dynamo.backends.debugging import boxed_nop
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     recorder = JointRecorder()
-    torch._dynamo.reset()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.compile(step, backend=lambda gm, example: aot_module_simplified(
-                gm, example, fw_compiler=boxed_nop, bw_compiler=boxed_nop,
-                partition_fn=recorder))(*inputs)
-    finally:
-        torch._dynamo.reset()
+    capture_once(step, inputs, lambda gm, example: compile_planned(gm, example, recorder))
     if len(recorder.calls) != 1:
         raise RuntimeError(f"expected one graph, captured {len(recorder.calls)}")
     return recorder.calls[0]
@@ -81,7 +72,6 @@ def deep_gpt(n_layer: int):
 def large_graph(n_layer: int, *, budget: float, progress) -> dict:
     """Plan a deep GPT's joint graph once with solver="fast" at ``budget``
     (a fraction of the runtime-optimal peak), the way the backend would."""
-    from .pipeline import Planner
 
     step, inputs = deep_gpt(n_layer)
     with progress.row(f"capture deep GPT, {n_layer} layers"):
@@ -105,9 +95,8 @@ def large_graph(n_layer: int, *, budget: float, progress) -> dict:
 
 
 def _forward_values(joint) -> int:
-    from .passes.profile import _tangent_dependent
 
-    backward = _tangent_dependent(joint.graph)
+    backward = tangent_dependent(joint.graph)
     return sum(1 for n in joint.graph.nodes if n.op != "output" and n not in backward)
 
 
