@@ -71,7 +71,6 @@ def _split(problem: Problem, x: np.ndarray):
 
 
 def _objective_and_bounds(problem: Problem):
-    n = problem.n
     movable = np.flatnonzero(problem.can_offload)
     cost = problem.cost
     penalty = 10.0 * (float(cost.sum()) + 1e-9) + 1.0
