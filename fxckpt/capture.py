@@ -1,7 +1,9 @@
 """GraphModule + example inputs -> a callable whose forward and backward follow
 fxckpt's plan. AOTAutograd traces the joint graph (make_fx, with fake tensors
 on every node) and hands it to the Planner as its partition function; the two
-graphs it returns go to the inner compiler.
+graphs it returns go to the inner compiler. Plans are cached with the
+compiled graphs (fxckpt/cache.py): ``compile_planned`` keys them, and
+records the stored plans where torch serves a compile from its caches.
 
 ``capture_once`` runs a model once under a backend without training it, for
 explain, pareto and the benchmarks."""
