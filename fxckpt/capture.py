@@ -1,14 +1,18 @@
 """GraphModule + example inputs -> a callable whose forward and backward follow
 fxckpt's plan. AOTAutograd traces the joint graph (make_fx, with fake tensors
 on every node) and hands it to the Planner as its partition function; the two
-graphs it returns go to the inner compiler.
+graphs it returns go to the inner compiler. Plans are cached with the
+compiled graphs (fxckpt/cache.py): ``compile_planned`` keys them, and
+records the stored plans where torch serves a compile from its caches.
 
 ``capture_once`` runs a model once under a backend without training it, for
 explain, pareto and the benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from typing import Any, Callable
 
 import torch
@@ -17,10 +21,91 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
 from fxckpt.pipeline import Planner
+
+log = logging.getLogger("fxckpt.capture")
 
 
 def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Planner):
+    """Compile ``gm`` with ``planner`` as its partition function. A Planner's
+    plans are cached (fxckpt/cache.py): where torch serves the compiled
+    graphs from its caches, the Planner does not run and adopts the plans
+    stored with them; where it runs, it follows a stored decision rather
+    than solving again, and stores what it made."""
+    key, store = _cache_for(gm, example_inputs, planner)
+    stored = store.load(key.digest) if store is not None else None
+    if stored is not None and stored.why_not is not None:
+        planner.cache_note = f"not cached: {stored.why_not}"
+        key, store = CacheKey(None, stored.why_not), None
+    elif stored is not None:
+        planner.reusable = list(stored.records)
+    records = getattr(planner, "records", [])
+    made_before = len(records)
+    compiled = _compile(gm, example_inputs, planner, key.digest)
+    made = tuple(records[made_before:])
+    if made:
+        if store is not None:
+            store.save(key.digest, _to_store(made, planner.options))
+    elif key.digest is not None and _needs_backward(gm, example_inputs):
+        if stored is not None:
+            log.info("fxckpt: compiled graphs served from torch's caches, their plans "
+                     "from the plan cache (key %s); nothing planned", key.short)
+            planner.adopt(stored.records, note=f"compiled graphs served from torch's "
+                          f"caches, this plan from fxckpt's plan cache (key {key.short})")
+        else:
+            # Served from torch's caches, but the plans made with them are not
+            # in the store (removed, or never written): compile again with
+            # torch's cache of partitioned graphs off, so the Planner runs. A
+            # cache hit happens before Inductor's passes touch ``gm``.
+            log.info("fxckpt: compiled graphs served from torch's caches without their "
+                     "plans (key %s); compiling again to plan", key.short)
+            compiled = _compile(gm, example_inputs, planner, None)
+            made = tuple(records[made_before:])
+            if made:
+                store.save(key.digest, _to_store(made, planner.options))
+    return compiled
+
+
+def _cache_for(gm, example_inputs, planner) -> tuple[CacheKey, PlanStore | None]:
+    """The plan cache's key for this compile and the store, or (a key of
+    None, None) where plans are not cached (the plans' notes say why where
+    that is not the caller's choice)."""
+    if not getattr(planner, "caches_plans", False):
+        return CacheKey(None, "a planner whose plans are not cached"), None
+    if not caches_enabled():
+        return CacheKey(None, "torch's caches are off"), None
+    key = plan_key(gm, example_inputs, planner.options,
+                   num_lifted_params=planner.num_lifted_params)
+    if key.digest is None:
+        log.info("fxckpt: plans not cached: %s", key.why_not)
+        planner.cache_note = f"not cached: {key.why_not}"
+        return key, None
+    return key, PlanStore()
+
+
+def _to_store(made, options) -> Stored:
+    """What the store keeps of the plans just made: not a plan priced with a
+    bandwidth measured in this process, which another process would measure
+    again and might plan differently by."""
+    if options.offload_bandwidth is None and \
+            any(planned.decision.offload_bandwidth is not None for planned in made):
+        log.info("fxckpt: plans priced offload at a bandwidth measured here; not cached")
+        return Stored(why_not="offload priced at a bandwidth measured in the process; "
+                              "give offload_bandwidth= to cache it")
+    return Stored(records=made)
+
+
+def _needs_backward(gm: fx.GraphModule, example_inputs) -> bool:
+    """Whether AOTAutograd builds a backward for ``gm``, and so partitions."""
+    tensors = [*example_inputs, *gm.parameters()]
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
+
+
+def _compile(gm, example_inputs, planner, uuid: str | None):
+    """AOTAutograd and the options' compiler, ``uuid`` the partitioner's
+    (None: torch's cache of partitioned graphs is off for this compile)."""
     if planner.options.compiler == "eager":
         # Dynamo's aot_autograd wrapper rather than aot_module_simplified: DDP's
         # graph splitter counts its calls to tell that a bucket's graph went
@@ -36,30 +121,36 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx
 
-    # A cached compile would skip the partitioner, and with it the plan.
-    with functorch_config.patch(enable_autograd_cache=False):
+    # Inductor's FX graph cache keys the planned forward and backward graphs,
+    # so it may serve them whatever the uuid; a cache of partitioned graphs
+    # skips the partitioner, and may only where the uuid keys the plan.
+    uncached = functorch_config.patch(enable_autograd_cache=False) if uuid is None \
+        else contextlib.nullcontext()
+    with uncached:
         return compile_fx(gm, example_inputs, config_patches={
-            "custom_partitioner_fn": _InductorPartitioner(planner),
-            "fx_graph_cache": False,
-        })
+            "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
 
 
 class _InductorPartitioner(CustomPartitionerFn):
     """Inductor runs its joint-graph passes, then asks us to partition."""
 
-    def __init__(self, planner: Planner) -> None:
+    def __init__(self, planner: Planner, uuid: str | None) -> None:
         self.planner = planner
+        self._uuid = uuid
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
         return self.planner(gm, joint_inputs, **kwargs)
 
     def uuid(self):
-        # The plan depends on options and policies that do not hash reliably;
-        # returning None keeps Inductor from reusing a cached partition, so the
-        # Planner always runs and always records its plan.
-        return None
+        # The plan cache's key (fxckpt/cache.py), or None: then the caller
+        # turns AOTAutograd's cache off, as torch keys by the uuid only.
+        return self._uuid
 
+    def __reduce__(self):
+        # Inductor writes its configuration, this object included, into its
+        # cache keys: the uuid stands for it, not the Planner's state.
+        return (str, (f"fxckpt partitioner {self._uuid}",))
 
 
 def capture_once(model, example_inputs, backend: Callable) -> None:

@@ -5,7 +5,6 @@ them. ``Planner`` is what AOTAutograd calls as its partition function."""
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -13,9 +12,10 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.bandwidth import offload_bandwidth
-from fxckpt.errors import BudgetError
+from fxckpt.errors import BudgetError, PlanError
 from fxckpt.memory import breakdown, simulate
 from fxckpt.options import Options, format_bytes
+from fxckpt.phases import PhaseClock, Progress
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite
 from fxckpt.passes.tag import tag_forward_values
@@ -30,12 +30,31 @@ from fxckpt.types import Decision, Profile, Tag
 _graph_ids = itertools.count()
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What planning one graph made: the Plan, the solver's Decision it
+    follows, and under a budget the graph's frontier as (own peak, saved
+    bytes, cost) points (None without one). What the plan cache keeps."""
+
+    plan: Plan
+    decision: Decision
+    frontier: tuple[tuple[int, int, float], ...] | None
+
+
 class Planner:
     """A partition function for AOTAutograd that plans, rewrites and records.
 
     ``plans`` collects one Plan per graph partitioned; ``on_plan`` (optional)
-    is called with each.
+    is called with each. ``reusable`` (set by the caller, consumed in order):
+    Planned records of an earlier compile of the same graph and options,
+    whose decisions are followed instead of solving again where they give
+    the same plan. ``cache_note`` (optional) is added to the notes of every
+    plan made.
     """
+
+    # Plans made by this planner depend on nothing but the graph, the options
+    # and num_lifted_params: the plan cache may keep them (fxckpt/cache.py).
+    caches_plans = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
                  num_lifted_params: int = 0) -> None:
@@ -45,36 +64,91 @@ class Planner:
         # caller says how many there are.
         self.num_lifted_params = num_lifted_params
         self.plans: list[Plan] = []
-        # The planned forward and backward graphs of each plan, for the
-        # memory model to read again at other (dynamic) sizes.
+        self.records: list[Planned] = []
+        # The planned forward and backward graphs of each plan made here (not
+        # of adopted ones), for the memory model to read again at other
+        # (dynamic) sizes.
         self.graphs: list[tuple[fx.Graph, fx.Graph]] = []
         # Under a budget, each graph's frontier as (own peak, saved bytes,
         # cost) points, lowest peak first: what a step-wide allocation picks from.
         self.frontiers_seen: list[tuple[tuple[int, int, float], ...]] = []
         self.on_plan = on_plan
+        self.reusable: list[Planned] = []
+        self.cache_note: str | None = None
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
-        start = time.perf_counter()
+        clock, graph_id = PhaseClock(), next(_graph_ids)
+        progress = Progress(graph_id, clock)
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
-                                                static_lifetime_input_indices)
-        decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
-                                              on_frontier=self.frontiers_seen.append)
-        plan = self._finish(profile, tags, decision, rewritten, timeline, start=start)
-        self.plans.append(plan)
+                                                static_lifetime_input_indices, clock)
+        progress.started(len(joint.graph.nodes), len(tags), self.options)
+        evaluate = progress.counted(clock.timed("rewrite", evaluate))
+        known = self.reusable.pop(0) if self.reusable else None
+        made = self._follow(known, profile, tags, evaluate, clock, graph_id) \
+            if known is not None else None
+        if made is None:
+            frontiers: list[tuple] = []
+            with clock.phase("solve"):
+                decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                                                      on_frontier=frontiers.append)
+            plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
+                                graph_id=graph_id)
+            made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
+        planned, rewritten = made
+        self._record(planned)
         self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
-        if self.on_plan is not None:
-            self.on_plan(plan)
+        progress.finished(planned.plan)
         return rewritten.forward, rewritten.backward
 
-    def _analyse(self, joint: fx.GraphModule, num_fwd_outputs: int, static_indices):
+    def _follow(self, known: Planned, profile, tags, evaluate, clock, graph_id):
+        """(Planned, rewritten) by ``known``'s decision, without solving, where
+        it gives ``known``'s plan here; None where it does not (the graph is
+        not the one it was made for), and the graph is solved afresh."""
+        decision = known.decision
+        if not (decision.saved | decision.recomputed) <= profile.nodes.keys():
+            return None
+        try:
+            verify_decision(profile, tags, decision)
+            rewritten, timeline = evaluate(decision)
+            plan = self._finish(profile, tags, decision, rewritten, timeline,
+                                clock=clock, graph_id=graph_id,
+                                note="followed the decision of an earlier compile of "
+                                     "this graph (plan cache); not solved again")
+        except PlanError:
+            return None
+        if plan.fingerprint != known.plan.fingerprint:
+            return None
+        return Planned(plan, decision, known.frontier), rewritten
+
+    def _record(self, planned: Planned) -> None:
+        self.plans.append(planned.plan)
+        self.records.append(planned)
+        if planned.frontier is not None:
+            self.frontiers_seen.append(planned.frontier)
+        if self.on_plan is not None:
+            self.on_plan(planned.plan)
+
+    def adopt(self, records, *, note: str) -> None:
+        """Record the plans of an earlier compile whose compiled graphs were
+        served from cache, so that nothing was partitioned here: each gets a
+        graph id of this process and ``note``."""
+        for planned in records:
+            plan = replace(planned.plan, graph_id=next(_graph_ids),
+                           notes=planned.plan.notes + (note,))
+            self._record(replace(planned, plan=plan))
+
+    def _analyse(self, joint: fx.GraphModule, num_fwd_outputs: int, static_indices,
+                 clock: PhaseClock):
         """Profile and tag the joint graph; return them with the function
         that rewrites it by a Decision and simulates the result."""
         static = set(static_indices or ()) | set(range(self.num_lifted_params))
-        joint = deduplicated(joint)
-        profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
-                                      static_input_indices=static)
-        tags = tag_forward_values(joint, profile, policy=self.options.policy)
+        with clock.phase("profile"):
+            joint = deduplicated(joint)
+            profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
+                                          static_input_indices=static)
+        with clock.phase("tag"):
+            tags = tag_forward_values(joint, profile, policy=self.options.policy)
 
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
@@ -83,14 +157,16 @@ class Planner:
 
         return profile, tags, evaluate
 
-    def _finish(self, profile, tags, decision, rewritten, timeline, *, start: float,
-                graph_id: int | None = None) -> Plan:
-        verify_decision(profile, tags, decision)
-        verify_rewrite(profile, rewritten)
-        return make_plan(profile, tags, decision, rewritten, timeline,
-                         budget_bytes=decision.budget_bytes,
-                         graph_id=next(_graph_ids) if graph_id is None else graph_id,
-                         seconds=time.perf_counter() - start)
+    def _finish(self, profile, tags, decision, rewritten, timeline, *, clock: PhaseClock,
+                graph_id: int, note: str | None = None) -> Plan:
+        with clock.phase("verify"):
+            verify_decision(profile, tags, decision)
+            verify_rewrite(profile, rewritten)
+        plan = make_plan(profile, tags, decision, rewritten, timeline,
+                         budget_bytes=decision.budget_bytes, graph_id=graph_id,
+                         seconds=clock.elapsed(), phase_seconds=clock.recorded())
+        notes = tuple(n for n in (note, self.cache_note) if n)
+        return replace(plan, notes=plan.notes + notes) if notes else plan
 
 
 @dataclass(frozen=True)
@@ -119,27 +195,36 @@ class FrontierPlanner(Planner):
     graph, once, and partitions by the runtime-optimal plan. ``frontiers``
     gets one Frontier per graph."""
 
+    # Its frontiers are made only when it partitions: a compile served from
+    # cache would leave them empty.
+    caches_plans = False
+
     def __init__(self, options: Options, **kwargs) -> None:
         super().__init__(options, **kwargs)
         self.frontiers: list[Frontier] = []
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
-        start = time.perf_counter()
+        clock, graph_id = PhaseClock(), next(_graph_ids)
+        progress = Progress(graph_id, clock)
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
-                                                static_lifetime_input_indices)
-        problem = problem_for(profile, tags, self.options)
-        optimal = runtime_optimal(problem)
+                                                static_lifetime_input_indices, clock)
+        progress.started(len(joint.graph.nodes), len(tags), self.options)
+        evaluate = progress.counted(clock.timed("rewrite", evaluate))
+        with clock.phase("solve"):
+            problem = problem_for(profile, tags, self.options)
+            optimal = runtime_optimal(problem)
         rewritten, timeline = evaluate(optimal)
-        graph_id = next(_graph_ids)
         optimal_plan = self._finish(profile, tags, optimal, rewritten, timeline,
-                                    start=start, graph_id=graph_id)
-        candidates = pareto_frontier(problem, evaluate, self.options.solver,
-                                     (optimal, rewritten, timeline))
+                                    clock=clock, graph_id=graph_id)
+        with clock.phase("solve"):
+            candidates = pareto_frontier(problem, evaluate, self.options.solver,
+                                         (optimal, rewritten, timeline))
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
-                                   start=start, graph_id=graph_id) for c in candidates)
-        self.frontiers.append(Frontier(optimal_plan, plans, time.perf_counter() - start))
+                                   clock=clock, graph_id=graph_id) for c in candidates)
+        self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))
         self.plans.append(optimal_plan)
+        progress.finished(optimal_plan)
         return rewritten.forward, rewritten.backward
 
 

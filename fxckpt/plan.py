@@ -53,6 +53,8 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     timeline: object = None     # memory.MemoryTimeline of the planned schedule
     plan_seconds: float = 0.0   # profile + tag + solve + rewrite, wall time
+    # plan_seconds by phase, (phase, seconds) in pipeline order (fxckpt/phases.py)
+    phase_seconds: tuple[tuple[str, float], ...] = ()
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
@@ -118,7 +120,7 @@ class Plan:
 
 def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewritten,
               timeline, *, budget_bytes: int | None, graph_id: int,
-              seconds: float) -> Plan:
+              seconds: float, phase_seconds: tuple[tuple[str, float], ...] = ()) -> Plan:
     saved = tuple(sorted(decision.saved, key=list(profile.nodes).index))
     # Of the forward values backward computes, those forward also ran are
     # recomputed; the rest (say a cos only sin's gradient reads) run once,
@@ -164,6 +166,7 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         notes=tuple(notes),
         timeline=timeline,
         plan_seconds=seconds,
+        phase_seconds=phase_seconds,
     )
 
 
@@ -243,4 +246,13 @@ def merge_plans(plans: list[Plan]) -> Plan:
         notes=(f"{len(plans)} graphs (Dynamo split the model); names are prefixed "
                "with their graph",) + tuple(n for p in plans for n in p.notes),
         plan_seconds=sum(p.plan_seconds for p in plans),
+        phase_seconds=_summed_phases(plans),
     )
+
+
+def _summed_phases(plans: list[Plan]) -> tuple[tuple[str, float], ...]:
+    total: dict[str, float] = {}
+    for plan in plans:
+        for phase, seconds in plan.phase_seconds:
+            total[phase] = total.get(phase, 0.0) + seconds
+    return tuple(total.items())

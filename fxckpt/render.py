@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 from fxckpt.options import format_bytes
+from fxckpt.phases import describe_phases
 from fxckpt.types import RNG_STATE_OP, Phase, is_recomputed_name, point
 
 # What each action in a plan is drawn as (DOT fill colours).
@@ -46,6 +47,9 @@ def plan_summary_rows(plan) -> list[tuple[str, str]]:
                                      f"{len(plan.offloaded)} values (host memory), "
                                      f"~{plan.offload_seconds * 1e3:.3f} ms of copies"
                                      f"{bandwidth}"))
+    if plan.phase_seconds:
+        rows.append(("planning", f"{plan.plan_seconds:.2f} s: "
+                                 f"{describe_phases(plan.phase_seconds)}"))
     rows += [("note", note) for note in (*plan.notes, *plan.overrides)]
     return rows
 

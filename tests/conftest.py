@@ -6,6 +6,15 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True, scope="session")
+def plan_afresh():
+    """Tests plan every graph afresh: torch's cache of partitioned graphs, and
+    with it fxckpt's plan cache, stays off (tests monkeypatch stages the cache
+    keys cannot see). tests/test_cache.py turns them on where it tests them."""
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
 @pytest.fixture
 def reset_dynamo():
     """Each test compiles afresh: no graphs, guards or backends left over."""

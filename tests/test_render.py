@@ -44,7 +44,7 @@ def test_html_table_has_the_rows_of_the_text(plan):
         assert f"<td style='text-align:left'>{html.escape(name)}</td>" in page
     assert html.escape(f"{len(plan.saved)} values") in page
     assert page.count("<tr") == len(plan.entries) + 1 + len(plan.notes) + \
-        len(plan.overrides) + 6
+        len(plan.overrides) + 6 + bool(plan.phase_seconds)
 
 
 def test_plot_memory_draws_the_timeline_up_to_the_peak_and_the_budget(plan):

@@ -112,7 +112,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
         return Built(step)
     if way.family == TORCH:
         if way.backend == "inductor":
-            # Compile caches off, as fxckpt's Inductor path has them, so that
+            # Compile caches off, as for fxckpt's Inductor way, so that
             # compile times are of a compile.
             return Built(torch.compile(step, backend="inductor"), scope=_uncached_inductor)
         seconds: list[float] = []
@@ -129,8 +129,11 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
         import fxckpt
 
         backend = fxckpt.backend(budget=budget_bytes, compiler="inductor")
-    else:
-        backend = Backend(Options.create(budget=budget_bytes, compiler="eager"))
+        # Caches off (torch's and with them fxckpt's plan cache): compile
+        # times are of a compile, and plans are made, not read back.
+        return Built(torch.compile(step, backend=backend), plans=backend.plans,
+                     scope=_uncached_inductor)
+    backend = Backend(Options.create(budget=budget_bytes, compiler="eager"))
     return Built(torch.compile(step, backend=backend), plans=backend.plans)
 
 

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, SelectiveC
 from fxckpt.policies.api import (DEFER, P, Answer, Decider, OpCall, Policy, PolicyFactory,
                                  as_checkpoint_policy)
 from fxckpt.policies.builtin import MappedDecider, must, save_ops
+from fxckpt.policies.digest import function_text, policy_text
 
 _ACCEPTED = (
     "policy= accepts a policy from fxckpt.policies (save_matmuls(), first(...), ...), "
@@ -54,6 +55,11 @@ class _Resolved:
     def for_graph(self) -> Decider:
         return MappedDecider(self.policy.for_graph(), _settle)
 
+    def cache_text(self) -> str:
+        """The policy written out for the plan cache's key, or Unkeyable
+        (fxckpt/policies/digest.py)."""
+        return "policy " + policy_text(self.policy)
+
     def __repr__(self) -> str:
         return repr(self.policy)
 
@@ -75,6 +81,11 @@ class _PolicyFunction:
 
     def for_graph(self) -> Decider:
         return self._decide
+
+    def cache_text(self) -> str:
+        """The function written out for the plan cache's key, or Unkeyable
+        (fxckpt/policies/digest.py)."""
+        return "policy function " + function_text(self.fn)
 
     def _decide(self, call: OpCall) -> CheckpointPolicy | None:
         if call.op in SAC_IGNORED_OPS:    # torch never shows these to policy_fn
