@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
+from fxckpt.fit import fitted_budget
 from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory import at_sizes, storage_key
@@ -56,6 +57,13 @@ class Backend:
         self._first_step_checked = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+        budget = self.options.budget
+        if budget is not None and budget.fit and budget.bytes is None:
+            # budget="fit" becomes bytes once, at the first graph (fxckpt/fit.py).
+            try:
+                self.options = replace(self.options, budget=fitted_budget(budget, example_inputs))
+            except FxckptError as error:
+                raise surface_through_dynamo(error) from None
         frame, compile = compile_key(gm)
         source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
         runner = GraphRunner(None, self.ledger, self._on_new_step)
@@ -278,8 +286,13 @@ def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
     ``budget``: bytes (int) or a string such as "512MiB", for the whole
     training step (fxckpt/ledger.py); or a fraction in [0, 1] (a float, or a
     string such as "0.5" or "50%") read as torch's activation_memory_budget:
-    0 the floor, 1 the runtime-optimal plan's peak. None for the
-    runtime-optimal plan. ``compiler``: "inductor" or "eager".
+    0 the floor, 1 the runtime-optimal plan's peak; or "fit" on a CUDA
+    device: the device's free memory when the first graph compiles (what
+    PyTorch's allocator has cached but not allocated counts as free) less
+    10% (fxckpt/fit.py), then a byte budget. "fit" raises ValueError here
+    on a machine without CUDA, FxckptError at the first compile when the
+    graph is not on a CUDA device. None for the runtime-optimal plan.
+    ``compiler``: "inductor" or "eager".
     ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
     between device and pinned host memory, the price of CPU offload under a
     budget; None measures it on the device once per process.
