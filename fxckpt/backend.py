@@ -77,7 +77,8 @@ class Backend:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
-        entry = LedgerEntry(frame, compile, planner.plans[-1] if planner.plans else None,
+        entry = LedgerEntry(frame, compile,
+                            self._noted(planner.plans[-1]) if planner.plans else None,
                             weak(runner), grad_bytes=gradient_bytes(example_inputs),
                             frontier=planner.frontiers_seen[-1]
                             if planner.frontiers_seen else ())
@@ -104,7 +105,7 @@ class Backend:
         again together once it has run (``replan``)."""
         try:
             options = self._options_for(frame, compile)
-            planner = Planner(options, on_plan=self.plans.append)
+            planner = Planner(options, on_plan=self._keep_plan)
             with at_sizes(sizes):
                 runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
             return options, planner
@@ -123,10 +124,20 @@ class Backend:
                 "its first step has run", stacklevel=3)
             self._over_budget = True
         options = replace(self.options, budget=Budget(fraction=0.0))
-        planner = Planner(options, on_plan=self.plans.append)
+        planner = Planner(options, on_plan=self._keep_plan)
         with at_sizes(sizes):
             runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
         return options, planner
+
+    def _keep_plan(self, plan: Plan) -> None:
+        self.plans.append(self._noted(plan))
+
+    def _noted(self, plan: Plan) -> Plan:
+        """A plan made under budget="fit" says what the budget was read as."""
+        budget = self.options.budget
+        if budget is None or not budget.fit:
+            return plan
+        return replace(plan, notes=plan.notes + (f"budget='fit': {budget}",))
 
     def _byte_budget(self) -> int | None:
         budget = self.options.budget
@@ -264,9 +275,9 @@ class Backend:
         fits it is that plan)."""
         gm, example_inputs = self._sources[id(entry)]
         options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
-        planner = Planner(options, on_plan=self.plans.append)
+        planner = Planner(options, on_plan=self._keep_plan)
         compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
-        plan = planner.plans[-1]
+        plan = self._noted(planner.plans[-1])
         entry.plan = replace(plan, notes=plan.notes + (note,))
         entry.runner().set_compiled(compiled)
         self.replans += 1

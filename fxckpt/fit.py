@@ -12,7 +12,8 @@ optimizer and the batch already allocate is in neither, so it is left out
 as every byte budget leaves it out. The margin (10%) covers what the memory
 model does not see (allocator rounding and fragmentation, library
 workspaces, another process's growth). The bytes are read once and kept:
-the budget does not follow the device's free memory afterwards.
+the budget does not follow the device's free memory afterwards. Each plan
+made under it says so in its notes.
 
 Only CUDA devices report free memory: elsewhere ``"fit"`` is an error that
 names the alternatives, raised when the budget is read if the machine has

@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 
 import fxckpt
+from fxckpt.backend import Backend
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.fit import fit_budget, fit_bytes
-from fxckpt.options import FIT_MARGIN, Budget, parse_budget
+from fxckpt.options import FIT_MARGIN, Budget, Options, parse_budget
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
@@ -70,6 +71,16 @@ def test_fit_is_parsed_and_unresolved_until_a_device_is_seen(monkeypatch):
         Budget(fit=True).resolve(runtime_optimal_peak=100)
 
 
+def test_plans_made_under_fit_say_what_it_was_read_as():
+    """Once read (here given as read, on the CPU), every plan notes it."""
+    be = Backend(Options(budget=Budget(bytes=2**30, fit=True), compiler="eager"))
+    torch.compile(mlp(), backend=be)(torch.randn(4, 64)).sum().backward()
+    assert be.plans
+    for plan in be.plans:
+        assert "budget='fit': 1.00 GiB (the CUDA device's free memory at the first " \
+            "compile, less 10%)" in plan.notes
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="budget='fit' reads a CUDA device")
 def test_fit_on_cuda_plans_to_the_free_memory():
     device = torch.device("cuda")
@@ -89,3 +100,5 @@ def test_fit_on_cuda_plans_to_the_free_memory():
     assert 0.9 * expected <= budget.bytes <= expected * 1.01
     assert peak <= budget.bytes
     assert be.plans and all(p.budget_bytes is not None for p in be.plans)
+    assert all(any("budget='fit'" in note and "less 10%" in note for note in p.notes)
+               for p in be.plans)
