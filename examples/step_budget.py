@@ -16,7 +16,7 @@ import torch
 
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.models import GPT, GPTConfig, gpt_loss
+from fxckpt.models import GPT, FeedForward, GPTConfig, gpt_loss
 
 CONFIG = GPTConfig(vocab_size=64, block_size=64, n_layer=3, n_head=2, n_embd=32, dropout=0.1)
 
@@ -31,6 +31,38 @@ class BreakAfterEachBlock(GPT):
             if x.mean().item() > 1e9:
                 x = x * 2
         return self.head(self.ln_out(x))
+
+
+class BreakingFeedForward(FeedForward):
+    """A block's MLP whose forward breaks the graph (.item()): under
+    fxckpt.compile, an eager fallback region."""
+
+    def forward(self, x):
+        h = super().forward(x)
+        if h.mean().item() > 1e9:
+            h = h * 2
+        return h
+
+
+class Unrolled(GPT):
+    """A GPT whose forward calls its blocks one by one. A graph break inside
+    a block then ends the graph at that call and the code around it still
+    compiles; inside a ``for`` loop, Dynamo would run the whole forward
+    eagerly, uncounted by any budget."""
+
+    def forward(self, idx):
+        x = self.emb_dropout(self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1])))
+        x = self.blocks[0](x)
+        x = self.blocks[1](x)
+        x = self.blocks[2](x)
+        return self.head(self.ln_out(x))
+
+
+def breaking_mlps() -> GPT:
+    model = gpt(Unrolled)
+    for block in model.blocks:
+        block.mlp.__class__ = BreakingFeedForward
+    return model
 
 
 def gpt(cls=GPT) -> GPT:
@@ -73,11 +105,12 @@ def floor(model, idx) -> int:
     raise AssertionError("a budget of one byte was met")
 
 
-def row(layout, budget, peaks, replans, equal) -> str:
+def row(layout, budget, peaks, replans, equal, *, replanned: bool = False) -> str:
     """The worst peak over the budget counts every step, or, where graphs
-    were re-planned after the first step, every step after it."""
+    were re-planned (or regions given another policy) after the first step,
+    every step after it."""
     text = ", ".join(f"{p / 2**20:.2f}" for p in peaks)
-    worst = max(peaks[1:] if replans else peaks) / budget
+    worst = max(peaks[1:] if replans or replanned else peaks) / budget
     return (f"| {layout} | {budget / 2**20:.2f} MiB | {text} | {worst:.3f} | {replans} | "
             f"{'bitwise' if equal else 'differs'} |")
 
@@ -158,6 +191,40 @@ def fraction() -> str:
                (low + high) // 2, [g[0] for g in got], 0, equal)
 
 
+def fallback_regions(above_floor: float) -> str:
+    """fxckpt.compile, policy save_all(): each block's MLP is a region. The
+    budget is the step floor BudgetError names, times ``above_floor``."""
+    idx, targets = batch(4, 64)
+    policy = fxckpt.policies.save_all()
+    refused = fxckpt.compile(breaking_mlps(), compiler="eager", policy=policy, budget=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(2):
+                step(refused, refused, idx, targets, peak=False)
+        raise AssertionError("a budget of one byte was met")
+    except fxckpt.BudgetError as error:
+        floor_bytes = error.floor_bytes
+    torch._dynamo.reset()
+    budget = int(floor_bytes * above_floor)
+    model = breaking_mlps()
+    run = fxckpt.compile(model, compiler="eager", policy=policy, budget=budget)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = [step(model, run, idx, targets) for _ in range(3)]
+    reference = breaking_mlps()
+    equal = bitwise(got[-1], step(reference, reference, idx, targets, peak=False))
+    report = run.fxckpt_report
+    moved = sum(r.policy.startswith("its floor") for r in report.regions)
+    layout = ("graph break in every block's MLP (an eager region each), fxckpt.compile, "
+              "policy save_all(); budget "
+              + ("the step floor BudgetError names" if above_floor == 1 else
+                 f"{above_floor:g} x the step floor")
+              + f": {moved} of {len(report.regions)} regions at their floor")
+    return row(layout, budget, [g[0] for g in got], run._fxckpt.backend.replans, equal,
+               replanned=True)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print("| layout | budget | measured step peaks (MiB) | worst peak / budget "
@@ -167,7 +234,8 @@ def main() -> None:
                  lambda: per_block("each block compiled on its own (block.compile)"),
                  lambda: per_block("graph break after every block (.item()), string "
                                    "backend with options", BreakAfterEachBlock, False),
-                 dynamic_shapes, fraction):
+                 dynamic_shapes, fraction,
+                 lambda: fallback_regions(1.5), lambda: fallback_regions(1.0)):
         torch._dynamo.reset()
         print(make(), flush=True)
 

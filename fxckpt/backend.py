@@ -7,13 +7,15 @@ import warnings
 from dataclasses import replace
 from typing import Any, Callable
 
+import torch
 import torch.fx as fx
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
-from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, allocate,
-                           compile_key, weak)
-from fxckpt.memory import at_sizes
+from fxckpt.fit import fitted_budget
+from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
+                           allocate_step, compile_key, step_items, step_peak, weak)
+from fxckpt.memory import at_sizes, storage_key
 from fxckpt.sizes import SizeCheck, SizesSeen
 from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
 from fxckpt.pipeline import Planner
@@ -27,20 +29,22 @@ class Backend:
     ``plans`` holds one Plan per graph compiled with a backward, in order
     (re-plans replace theirs in ``ledger``, and are appended here too).
 
-    ``reserved_bytes`` (optional) returns the bytes that pieces of the step
-    other than this backend's graphs (eager fallback regions) hold for
-    backward so far; a byte budget is shared with them. ``on_graph``
-    (optional) is called with each graph Dynamo hands over and the plans
-    made for it. ``compile_fn`` (optional) hands a graph and its Planner to
-    AOTAutograd and a compiler; by default ``capture.compile_planned``.
+    ``regions`` (optional, ``ledger.StepRegions``) are the eager fallback
+    regions of the step (``fxckpt.compile``): a byte budget is shared with
+    what they hold, and once the first step has run they are planned with
+    the graphs (``replan``). ``on_graph`` (optional) is called with each
+    graph Dynamo hands over and its ``ledger.LedgerEntry``, whose ``plan``
+    is the graph's current plan. ``compile_fn`` (optional) hands a graph and
+    its Planner to AOTAutograd and a compiler; by default
+    ``capture.compile_planned``.
     """
 
     def __init__(self, options: Options, *,
                  compile_fn: Callable[[fx.GraphModule, list[Any], Planner], Any] = compile_planned,
-                 reserved_bytes: Callable[[], int] | None = None,
-                 on_graph: Callable[[fx.GraphModule, list[Plan]], Any] | None = None) -> None:
+                 regions: StepRegions | None = None,
+                 on_graph: Callable[[fx.GraphModule, LedgerEntry], Any] | None = None) -> None:
         self.options = options
-        self.reserved_bytes = reserved_bytes
+        self.regions = regions
         self.on_graph = on_graph
         self.compile_fn = compile_fn
         self.plans: list[Plan] = []
@@ -50,8 +54,16 @@ class Backend:
         self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
         self._sizes = SizesSeen()
         self._over_budget = False     # a graph of the first step ran at its floor
+        self._first_step_checked = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+        budget = self.options.budget
+        if budget is not None and budget.fit and budget.bytes is None:
+            # budget="fit" becomes bytes once, at the first graph (fxckpt/fit.py).
+            try:
+                self.options = replace(self.options, budget=fitted_budget(budget, example_inputs))
+            except FxckptError as error:
+                raise surface_through_dynamo(error) from None
         frame, compile = compile_key(gm)
         source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
         runner = GraphRunner(None, self.ledger, self._on_new_step)
@@ -65,8 +77,10 @@ class Backend:
             # No input or parameter requires grad (or grad mode is off): AOTAutograd
             # built an inference graph, there is nothing to save for backward.
             self.graphs_without_backward += 1
-        entry = LedgerEntry(frame, compile, planner.plans[-1] if planner.plans else None,
-                            weak(runner), frontier=planner.frontiers_seen[-1]
+        entry = LedgerEntry(frame, compile,
+                            self._noted(planner.plans[-1]) if planner.plans else None,
+                            weak(runner), grad_bytes=gradient_bytes(example_inputs),
+                            frontier=planner.frontiers_seen[-1]
                             if planner.frontiers_seen else ())
         runner.entry = entry
         self.ledger.add(entry)
@@ -79,7 +93,7 @@ class Backend:
         if source is not None and entry.plan is not None:
             self._sources[id(entry)] = source
         if self.on_graph is not None:
-            self.on_graph(gm, list(planner.plans))
+            self.on_graph(gm, entry)
         # Without a byte budget nothing needs the runs counted: the graph
         # runs as compiled (the runner stays in the ledger, unreferenced).
         return runner if self._byte_budget() is not None else runner.compiled
@@ -91,24 +105,39 @@ class Backend:
         again together once it has run (``replan``)."""
         try:
             options = self._options_for(frame, compile)
-            planner = Planner(options, on_plan=self.plans.append)
+            planner = Planner(options, on_plan=self._keep_plan)
             with at_sizes(sizes):
                 runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
             return options, planner
         except BudgetError as refused:
-            if not self.ledger.held_before(frame, compile) or self._byte_budget() is None:
+            # Alone in its step, a graph over the budget is refused now, with
+            # its own floor. With graphs before it, or fallback regions in the
+            # step (whose floors are known once they have run), the step's
+            # floor is only known after the first step.
+            if self._byte_budget() is None or not (self.ledger.held_before(frame, compile)
+                                                   or self.regions is not None):
                 raise
             warnings.warn(
-                f"fxckpt: this graph does not fit what the graphs before it leave of the "
-                f"step's budget ({refused}); it runs at its own floor for now, and the "
-                "whole step is planned again, together, once its first step has run",
-                stacklevel=3)
+                f"fxckpt: this graph does not fit what the graphs and fallback regions "
+                f"before it leave of the step's budget ({refused}); it runs at its own "
+                "floor for now, and the whole step is planned again, together, once "
+                "its first step has run", stacklevel=3)
             self._over_budget = True
         options = replace(self.options, budget=Budget(fraction=0.0))
-        planner = Planner(options, on_plan=self.plans.append)
+        planner = Planner(options, on_plan=self._keep_plan)
         with at_sizes(sizes):
             runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
         return options, planner
+
+    def _keep_plan(self, plan: Plan) -> None:
+        self.plans.append(self._noted(plan))
+
+    def _noted(self, plan: Plan) -> Plan:
+        """A plan made under budget="fit" says what the budget was read as."""
+        budget = self.options.budget
+        if budget is None or not budget.fit:
+            return plan
+        return replace(plan, notes=plan.notes + (f"budget='fit': {budget}",))
 
     def _byte_budget(self) -> int | None:
         budget = self.options.budget
@@ -123,7 +152,7 @@ class Backend:
         if budget is None:
             return self.options
         held_by_graphs = self.ledger.held_before(frame, compile)
-        held_elsewhere = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        held_elsewhere = self.regions.held_bytes() if self.regions is not None else 0
         held = held_by_graphs + held_elsewhere
         remaining = budget - held
         if remaining <= 0:
@@ -137,22 +166,40 @@ class Backend:
                 floor_bytes=held + 1)
         return replace(self.options, budget=Budget(bytes=remaining))
 
+    def step_ended(self) -> bool:
+        """The caller's step ended (``fxckpt.compile`` knows where its calls
+        begin): close it in the ledger and, after the first, check it. False
+        when the ledger saw no full step (no backward began since its graphs
+        ran), so nothing was checked."""
+        if not self.ledger.close_step() and self.ledger.live():
+            return False
+        self._on_new_step()
+        return True
+
     def _on_new_step(self) -> None:
-        """A step ended: if its graphs, run as often as they were, hold more
-        than the budget allows, re-plan each once, in run order."""
+        """A step ended: after the first one, if its graphs, run as often as
+        they were, and the fallback regions hold more than the budget
+        allows, re-plan them once, together."""
         budget = self._byte_budget()
-        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
-        predicted = self.ledger.step_peak() + reserved
-        if budget is None or self.ledger.steps != 1 or \
-                (predicted <= budget and not self._over_budget):
+        if budget is None or self._first_step_checked:
+            return
+        self._first_step_checked = True
+        regions = self.regions.choices() if self.regions is not None else []
+        reserved = sum((r.floor if r.at_floor else r.policy)[1] for r in regions)
+        items, sequence = step_items(*self._step_graphs(current=True), regions,
+                                     [r.at_floor for r in regions])
+        predicted = step_peak([0] * len(items), items, 0, sequence)
+        if predicted <= budget and not self._over_budget:
             return
         runs = {e.runs for e in self.ledger.run_order()}
         warnings.warn(
             f"fxckpt: the first training step was predicted to peak at "
-            f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}: its graphs "
-            f"ran {', '.join(map(str, sorted(runs)))} time(s) each, which their plans could "
-            "not know; re-planning them once for the steps after it (see each plan's notes)",
-            stacklevel=2)
+            f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}"
+            + (f" ({format_bytes(reserved)} of it held by eager fallback regions)"
+               if reserved else "")
+            + f": its graphs ran {', '.join(map(str, sorted(runs))) or 'no'} time(s) each, "
+            "which their plans could not know; re-planning the step once for the steps "
+            "after it (see each plan's notes and compiled.fxckpt_report)", stacklevel=2)
         self.replan()
 
     def _check_sizes(self, check: SizeCheck, args) -> None:
@@ -163,38 +210,54 @@ class Backend:
             raise check.refusal(*over)
 
     def replan(self) -> None:
-        """Plan the step's graphs again, together: one frontier plan each, in
-        the order they ran, counting a graph that runs r times as holding r
-        copies of what it saves (``ledger.allocate``); BudgetError naming the
-        step's floor where no choice fits."""
+        """Plan the step's graphs and fallback regions again, together: one
+        frontier plan per graph, in the order they ran, counting a graph that
+        runs r times as holding r copies of what it saves, and each region
+        at the user's policy or at its floor (``ledger.allocate_step``);
+        BudgetError naming the step's floor where no choice fits."""
         budget = self._byte_budget()
-        reserved = self.reserved_bytes() if self.reserved_bytes is not None else 0
+        regions = self.regions.choices() if self.regions is not None else []
         order = self.ledger.run_order()
         for entry in order:
             if entry.runs > 1 and entry.frontier:
                 entry.frontier = self._frontier_for_runs(entry)
-        graphs = [(e.runs, e.frontier or ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),))
-                  for e in order]
+        graphs, runs_in_order = self._step_graphs()
         try:
-            choice = allocate(graphs, budget, reserved)
+            at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions)
         except StepFloor as refused:
+            held = sum(r.floor[1] for r in regions)
             raise BudgetError(
                 f"no plans fit a budget of {format_bytes(budget)} for the whole step: its "
                 f"{len(order)} graph(s) ran {[e.runs for e in order]} time(s) each, and at "
                 f"the lowest peak each can reach the step peaks at "
                 f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
-                + (f", {format_bytes(reserved)} of it held by eager fallback regions"
-                   if reserved else "") + f". Raise the budget to at least {refused.floor} "
+                + (f", {format_bytes(held)} of it held by {len(regions)} eager fallback "
+                   "region(s) at their floor (their inputs and MUST saves)"
+                   if regions else "") + f". Raise the budget to at least {refused.floor} "
                 "bytes, or shrink the batch.", floor_bytes=refused.floor) from None
-        held = reserved
-        for entry, (runs, points), j in zip(order, graphs, choice):
+        if self.regions is not None:
+            self.regions.choose(at_floor)
+        items, sequence = step_items(graphs, runs_in_order, regions, at_floor)
+        peak = step_peak(choice + [0] * len(regions), items, 0, sequence)
+        for entry, (runs, points, _), j in zip(order, graphs, choice):
             own_peak, saved, _ = points[j]
             if entry.frontier and (own_peak, saved) != (entry.plan.peak_bytes,
                                                          entry.plan.saved_bytes):
                 self._recompile(entry, own_peak + (runs - 1) * saved, runs, note=(
-                    f"re-planned after the first step: runs {runs} time(s) per step; "
-                    f"the graphs before it hold {format_bytes(held)}"))
-            held += runs * saved
+                    f"re-planned after the first step: runs {runs} time(s) per step, "
+                    f"planned with the step's {len(graphs)} graph(s) and {len(regions)} "
+                    f"fallback region(s) for a step peak of {format_bytes(peak)}"))
+
+    def _step_graphs(self, *, current: bool = False) -> tuple[list, list[int]]:
+        """The last step's graphs as ``ledger.step_items`` reads them: (runs,
+        frontier points -- or only the current plan's --, gradient bytes) in
+        the order they first ran, and the step's runs as indexes into them."""
+        graphs = self.ledger.run_order()
+        index = {id(e): i for i, e in enumerate(graphs)}
+        return ([(e.runs, e.frontier if e.frontier and not current
+                  else ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),), e.grad_bytes)
+                 for e in graphs],
+                [index[id(e)] for e in self.ledger.order if id(e) in index])
 
     def _frontier_for_runs(self, entry: LedgerEntry) -> tuple:
         """The frontier of a graph that runs ``entry.runs`` times per step,
@@ -212,9 +275,9 @@ class Backend:
         fits it is that plan)."""
         gm, example_inputs = self._sources[id(entry)]
         options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
-        planner = Planner(options, on_plan=self.plans.append)
+        planner = Planner(options, on_plan=self._keep_plan)
         compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
-        plan = planner.plans[-1]
+        plan = self._noted(planner.plans[-1])
         entry.plan = replace(plan, notes=plan.notes + (note,))
         entry.runner().set_compiled(compiled)
         self.replans += 1
@@ -234,8 +297,13 @@ def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
     ``budget``: bytes (int) or a string such as "512MiB", for the whole
     training step (fxckpt/ledger.py); or a fraction in [0, 1] (a float, or a
     string such as "0.5" or "50%") read as torch's activation_memory_budget:
-    0 the floor, 1 the runtime-optimal plan's peak. None for the
-    runtime-optimal plan. ``compiler``: "inductor" or "eager".
+    0 the floor, 1 the runtime-optimal plan's peak; or "fit" on a CUDA
+    device: the device's free memory when the first graph compiles (what
+    PyTorch's allocator has cached but not allocated counts as free) less
+    10% (fxckpt/fit.py), then a byte budget. "fit" raises ValueError here
+    on a machine without CUDA, FxckptError at the first compile when the
+    graph is not on a CUDA device. None for the runtime-optimal plan.
+    ``compiler``: "inductor" or "eager".
     ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
     between device and pinned host memory, the price of CPU offload under a
     budget; None measures it on the device once per process.
@@ -265,6 +333,14 @@ def _backend_for(options: dict | None) -> Backend:
         kept = (options, Backend(Options.from_mapping(options)))
         _by_options[id(options)] = kept
     return kept[1]
+
+
+def gradient_bytes(example_inputs: list[Any]) -> int:
+    """Bytes of the gradients a graph's backward leaves in its parameters'
+    ``.grad``: one per parameter that requires grad, each storage once."""
+    sizes = {storage_key(x): x.numel() * x.element_size() for x in example_inputs
+             if isinstance(x, torch.nn.Parameter) and x.requires_grad}
+    return sum(sizes.values())
 
 
 def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:

@@ -22,6 +22,14 @@ Graph k is given the budget less what the graphs that ran before it hold
 (before the first step: the graphs compiled before it, as forwards compile
 in the order they first run), and eager fallback regions count like graphs
 that ran before.
+
+After the first step the step is read as its runs in order (``step_items``):
+each run peaks at what the runs before it hold, plus its own peak, plus the
+parameter gradients the runs after it left (backward runs in reverse, and a
+gradient lives to the end of the step). Eager fallback regions
+(``fxckpt.compile``) are runs too, placed where they ran among the graphs,
+with two choices each -- the user's policy or the region's floor --
+(``RegionChoice``, ``allocate_step``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import itertools
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -46,6 +54,7 @@ class LedgerEntry:
     plan: Plan | None               # None: no backward, nothing held
     runner: Callable[[], Any]       # a weak reference to the GraphRunner
     runs: int = 1                   # forward runs per step, from the last full step
+    grad_bytes: int = 0             # the parameter gradients its backward leaves
     # The graph's frontier as (own peak, saved bytes, cost), lowest peak
     # first, when it was planned under a budget: what ``allocate`` picks from.
     frontier: tuple[tuple[int, int, float], ...] = ()
@@ -89,32 +98,91 @@ class StepLedger:
     def ran(self, entry: LedgerEntry) -> bool:
         """Record a forward run; True when it starts a new step (the step
         before it is then in ``order``)."""
-        started = False
-        if self.in_backward:
-            self.order, self.counting = self.counting, []
-            self.in_backward, started = False, True
-            self.steps += 1
-            for e in self.live():
-                e.runs = max(1, sum(1 for r in self.order if r is e))
+        started = self.close_step()
         self.counting.append(entry)
         return started
+
+    def close_step(self) -> bool:
+        """End the step under way if its backward has begun (its runs move
+        to ``order``); True if one ended. A caller that knows where steps
+        begin (``fxckpt.compile``) calls it before the next step's first run."""
+        if not self.in_backward:
+            return False
+        self.order, self.counting = self.counting, []
+        self.in_backward = False
+        self.steps += 1
+        for e in self.live():
+            e.runs = max(1, sum(1 for r in self.order if r is e))
+        return True
 
     def backward_began(self, *_: Any) -> None:
         self.in_backward = True
 
-    def step_peak(self) -> int:
-        """The last full step's peak as the plans predict it: a run's own
-        peak plus what the runs before it saved."""
-        peak = held = 0
-        for entry in self.order:
-            if entry.plan is not None:
-                peak = max(peak, held + entry.plan.peak_bytes)
-                held += entry.plan.saved_bytes
-        return peak
-
     def run_order(self) -> list[LedgerEntry]:
         """The graphs of the last full step, each once, in the order they first ran."""
         return list(dict.fromkeys(e for e in self.order if e.alive and e.plan is not None))
+
+
+@dataclass(frozen=True)
+class RegionChoice:
+    """One eager fallback region as a step's budget sees it: where it runs
+    among the graphs, the parameter gradients its backward leaves, and for
+    each policy it can run with, (its own peak, the bytes it holds for
+    backward) -- its own peak being what it holds, what its recomputation
+    re-creates in backward, and its gradients."""
+
+    after_runs: int                 # graph runs of the step before its first call
+    grad_bytes: int
+    policy: tuple[int, int]         # with the user's policy
+    floor: tuple[int, int]          # at its floor
+    at_floor: bool = False          # as it runs now
+
+
+class StepRegions(Protocol):
+    """The eager fallback regions of a step (``fxckpt.compile``), as the
+    backend plans them with its graphs."""
+
+    def held_bytes(self) -> int:
+        """What the regions hold for backward as they run now (so far, during
+        their first step)."""
+
+    def choices(self) -> list[RegionChoice]:
+        """The regions measured, in the order they first ran."""
+
+    def choose(self, at_floor: list[bool]) -> None:
+        """Run these regions (by ``choices``' order) at their floor from the
+        next step on, the others with the user's policy."""
+
+
+def step_items(graphs: list[tuple[int, tuple, int]], runs_in_order: list[int],
+               regions: list[RegionChoice], at_floor: list[bool]
+               ) -> tuple[list[tuple[int, tuple]], list[tuple[int, int]]]:
+    """The step as ``allocate`` reads it: (runs, points) per item -- the
+    graphs, then the regions, one point each, at their floor or not -- and
+    the step's runs in order, as (item, bytes of the gradients the runs
+    after it leave). ``graphs`` are (runs, frontier points, gradient bytes),
+    ``runs_in_order`` the last step's graph runs as indexes into them; a
+    region runs once, after the first ``after_runs`` graph runs.
+
+    A gradient stays alive from the backward that makes it to the end of
+    the step, and backward runs in reverse order, so each run's peak is
+    raised by the gradients of the runs after it. Each run of a graph is
+    counted as leaving its own gradients (as the blocks of a model do, each
+    with its parameters; a graph run again on the same parameters
+    accumulates into one, and is overcounted)."""
+    items = [(runs, points) for runs, points, _ in graphs]
+    items += [(1, ((*(r.floor if low else r.policy), 0.0),)) for r, low in zip(regions, at_floor)]
+    grads = [g for _, _, g in graphs] + [r.grad_bytes for r in regions]
+    order = list(runs_in_order)
+    # From the last region back, so that earlier positions stay where they were.
+    for k in sorted(range(len(regions)), key=lambda k: (regions[k].after_runs, k), reverse=True):
+        order.insert(min(regions[k].after_runs, len(runs_in_order)), len(graphs) + k)
+    sequence, later = [], 0
+    for item in reversed(order):
+        sequence.append((item, later))
+        later += grads[item]
+    sequence.reverse()
+    return items, sequence
 
 
 class StepFloor(Exception):
@@ -125,19 +193,25 @@ class StepFloor(Exception):
         self.floor = floor
 
 
-def step_peak(choice, graphs, reserved: int) -> int:
-    """The step's peak when graph i (runs r_i, in run order) takes frontier
-    point choice[i]: the largest, over the graphs, of what the graphs before
-    it hold (r x saved each), plus its own peak, plus its other runs' saved."""
+def step_peak(choice, graphs, reserved: int, sequence=None) -> int:
+    """The step's peak when graph i takes frontier point choice[i]: over the
+    step's runs in order, the largest of what the runs before hold, plus the
+    run's own peak, plus the gradients later runs left. ``sequence`` is
+    (graph, gradient bytes) per run (``step_items``); by default each
+    graph's runs back to back, in order, without gradients -- a graph that
+    runs r times peaks at its last run, over its other runs' saved bytes."""
+    if sequence is None:
+        sequence = [(i, 0) for i, (runs, _) in enumerate(graphs) for _ in range(runs)]
     held, peak = reserved, reserved
-    for (runs, points), j in zip(graphs, choice):
-        own, saved, _ = points[j]
-        peak = max(peak, held + own + (runs - 1) * saved)
-        held += runs * saved
+    for i, later in sequence:
+        own, saved, _ = graphs[i][1][choice[i]]
+        peak = max(peak, held + own + later)
+        held += saved
     return peak
 
 
-def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0) -> list[int]:
+def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0,
+             sequence=None) -> list[int]:
     """One frontier point per graph so that the step's peak fits ``budget``
     at the least recompute (cost x runs). Every graph at its floor -- the
     lowest peak each can reach -- is the step's floor; if that does not fit,
@@ -145,14 +219,18 @@ def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0) ->
     ``_EXHAUSTIVE`` combinations every one is tried; above, starting from the
     floors, the move to a cheaper point that saves the most cost is taken
     while one fits. ``graphs`` are (runs, points) in run order, points lowest
-    peak first, each cheaper than the one before."""
+    peak first, each cheaper than the one before; ``sequence`` as in
+    ``step_peak``."""
+    def peak(c) -> int:
+        return step_peak(c, graphs, reserved, sequence)
+
     choice = [0] * len(graphs)
-    floor = step_peak(choice, graphs, reserved)
+    floor = peak(choice)
     if floor > budget:
         raise StepFloor(floor)
     if math.prod(len(points) for _, points in graphs) <= _EXHAUSTIVE:
         return list(min((c for c in itertools.product(*(range(len(p)) for _, p in graphs))
-                         if step_peak(c, graphs, reserved) <= budget),
+                         if peak(c) <= budget),
                         key=lambda c: _cost(c, graphs)))
     while True:
         best, best_gain = None, 0.0
@@ -160,7 +238,7 @@ def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0) ->
             for j in range(choice[i] + 1, len(points)):
                 gain = runs * (points[choice[i]][2] - points[j][2])
                 trial = choice[:i] + [j] + choice[i + 1:]
-                if gain > best_gain and step_peak(trial, graphs, reserved) <= budget:
+                if gain > best_gain and peak(trial) <= budget:
                     best, best_gain = (i, j), gain
         if best is None:
             return choice
@@ -168,6 +246,31 @@ def allocate(graphs: list[tuple[int, tuple]], budget: int, reserved: int = 0) ->
 
 
 _EXHAUSTIVE = 20_000
+
+
+def allocate_step(graphs: list[tuple[int, tuple, int]], runs_in_order: list[int], budget: int,
+                  regions: list[RegionChoice]) -> tuple[list[bool], list[int]]:
+    """``allocate`` for a step (``step_items``) that also runs eager
+    fallback regions. Regions keep the user's policy while some choice of
+    graph plans fits; otherwise they move to their floor one at a time, the
+    one that holds the most above it first, until one does. (What a region
+    recomputes runs op by op, uncompiled: the dearer place to recompute, and
+    its policy is the one the user chose for it.) Returns (which regions run
+    at their floor, one frontier point per graph); StepFloor names the
+    step's floor, every region and graph at its own."""
+    movable = sorted((i for i, r in enumerate(regions) if r.policy != r.floor),
+                     key=lambda i: regions[i].floor[1] - regions[i].policy[1])
+    refused = None
+    for moved in range(len(movable) + 1):
+        at_floor = [i in movable[:moved] for i in range(len(regions))]
+        items, sequence = step_items(graphs, runs_in_order, regions, at_floor)
+        try:
+            choice = allocate(items, budget, sequence=sequence)
+        except StepFloor as error:
+            refused = error
+            continue
+        return at_floor, choice[:len(graphs)]
+    raise refused
 
 
 def _cost(choice, graphs) -> float:

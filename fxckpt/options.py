@@ -26,8 +26,16 @@ _BUDGET_FORMS = (
     "a budget is None, a positive number of bytes (int), a string with units "
     "such as '512MiB', '2GB' or '1.5GiB', or a fraction in [0, 1] (a float, or "
     "a string such as '0.5' or '50%') read as torch's activation_memory_budget: "
-    "0 is the lowest peak any plan reaches, 1 the runtime-optimal plan's peak"
+    "0 is the lowest peak any plan reaches, 1 the runtime-optimal plan's peak; "
+    "or 'fit' on a CUDA device: its free memory at the first compile, less 10%"
 )
+
+# budget="fit" (fxckpt/fit.py): the share of the device's free memory kept
+# back for what the memory model does not see.
+FIT_MARGIN = 0.10
+FIT_ALTERNATIVES = ("pass a byte budget (an int, or a string such as '512MiB') or a "
+                    "fraction (0.5 or '50%': from the floor to the runtime-optimal "
+                    "peak) instead")
 
 
 @dataclass(frozen=True)
@@ -35,21 +43,34 @@ class Budget:
     """A memory budget: absolute bytes (a hard limit), or a fraction read as
     torch's ``activation_memory_budget``: 0 is the floor (the lowest peak any
     plan reaches), 1 the runtime-optimal plan's peak, values between
-    interpolate the peak. A fraction is always feasible and monotone."""
+    interpolate the peak. A fraction is always feasible and monotone.
+
+    ``fit``: ``budget="fit"``, the free memory of the CUDA device the first
+    graph runs on, less ``FIT_MARGIN`` (fxckpt/fit.py); ``bytes`` is None
+    until the backend reads it there, then a byte budget like any other."""
 
     bytes: int | None = None
     fraction: float | None = None
+    fit: bool = False
 
     def resolve(self, runtime_optimal_peak: int, floor: int | None = None) -> int:
         """Bytes, given the runtime-optimal peak and (for fractions) the floor;
         without a floor a fraction is read against zero."""
         if self.bytes is not None:
             return self.bytes
-        assert self.fraction is not None
+        if self.fraction is None:
+            raise ValueError("budget='fit' is read off the device when the backend "
+                             "compiles a graph; here it is not known: "
+                             + FIT_ALTERNATIVES)
         low = min(floor or 0, runtime_optimal_peak)
         return int(low + self.fraction * (runtime_optimal_peak - low))
 
     def __str__(self) -> str:
+        fit = (f"the CUDA device's free memory at the first compile, less "
+               f"{FIT_MARGIN:.0%}")
+        if self.fit:
+            return f"{format_bytes(self.bytes)} ({fit})" if self.bytes is not None else \
+                f"'fit' ({fit})"
         if self.bytes is not None:
             return format_bytes(self.bytes)
         return f"{self.fraction:g} of the way from the floor to the runtime-optimal peak"
@@ -84,6 +105,13 @@ def _fraction(fraction: float, asked: Any) -> float:
 
 def _parse_budget_text(value: str) -> Budget:
     text = value.strip()
+    if text.lower() == "fit":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"budget={value!r} plans to the free memory of a CUDA device, and this "
+                f"machine has none (torch.cuda.is_available() is False); "
+                + FIT_ALTERNATIVES)
+        return Budget(fit=True)
     if text.endswith("%"):
         try:
             return Budget(fraction=_fraction(float(text[:-1]) / 100, value))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import FxckptError
+from fxckpt.fit import fitted_budget
 from fxckpt.options import Options
 from fxckpt.pipeline import Planner
 
@@ -41,6 +44,8 @@ def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
             "torch.compile(model, backend=fxckpt.backend(...)) for a plain nn.Module")
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
+    if options.budget is not None and options.budget.fit:
+        options = replace(options, budget=fitted_budget(options.budget, list(example_inputs)))
     lifted = len(list(gm.named_parameters(remove_duplicate=False))) + \
         len(list(gm.named_buffers(remove_duplicate=False)))
     planner = Planner(options, num_lifted_params=lifted)

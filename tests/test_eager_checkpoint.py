@@ -293,6 +293,28 @@ def test_second_backward_with_retain_graph(policy):
     _assert_all_equal(got[3:], [2 * g for g in got[:3]])
 
 
+def test_what_a_checkpoint_saved_is_freed_once_its_backward_is_done():
+    """Two checkpoints in a row, the second saving everything: by the time
+    backward reaches the first, the second's saved outputs are gone (not
+    kept to the end of the whole backward)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    w1, w2, x = _params((8, 16), (16, 16), (5, 8))
+    x.requires_grad_(True)
+    inside = []
+
+    def second(h):
+        t = (h @ w2).tanh()
+        inside.append(StorageWeakRef(t.untyped_storage()))
+        return t.sin()
+
+    h = fxckpt.checkpoint(lambda x: (x @ w1).relu(), x)
+    seen = []
+    h.register_hook(lambda grad: seen.append(inside[0].expired()))
+    fxckpt.checkpoint(second, h, policy=save_all()).sum().backward()
+    assert seen == [True]
+
+
 def test_double_backward_through_recomputed_tensors():
     (w, x) = _params((5, 5), (3, 5))
 

@@ -255,9 +255,13 @@ class _Frame:
         if tensors is None:
             tensors = self.recomputed[backward] = self.recompute()
             if isinstance(backward, int):
-                # Drop what this backward did not unpack once it ends.
+                # Drop what this backward did not unpack once it ends. Held
+                # weakly: the frame (its saved outputs and inputs) goes as
+                # soon as backward is done with its nodes, not at the end of
+                # the whole backward.
+                frame = weakref.ref(self)
                 torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: self.recomputed.pop(backward, None))
+                    lambda: _drop_recomputed(frame(), backward))
         try:
             return tensors.pop(holder.index)
         except KeyError:
@@ -315,6 +319,11 @@ class _Frame:
                     f"fxckpt.checkpoint: tensor #{index} saved for backward was "
                     f"{describe_meta((self.saved_metas[index],))} in the forward and "
                     f"{describe_meta((_meta(tensor),))} in the recomputation.")
+
+
+def _drop_recomputed(frame: "_Frame | None", backward: Any) -> None:
+    if frame is not None:
+        frame.recomputed.pop(backward, None)
 
 
 def _forward_hooks(frame: _Frame) -> torch.autograd.graph.saved_tensors_hooks:

@@ -4,7 +4,8 @@ The backend plans the graphs Dynamo hands it. Code Dynamo cannot trace runs
 eagerly between those graphs, and what that code saves for backward is saved
 in full. ``fxckpt.compile`` therefore looks, before the first step, for the
 submodules whose forward Dynamo breaks, and runs each of them eagerly under
-``fxckpt.checkpoint`` with the same policy:
+``fxckpt.checkpoint`` with the same policy, or less of it where the budget
+requires (fxckpt/compile.py):
 
 - ``find_breaks``: one forward under Dynamo with a backend that only keeps
   Dynamo's own reasons for ending each graph (reason and user stack). The
@@ -14,10 +15,12 @@ submodules whose forward Dynamo breaks, and runs each of them eagerly under
   the pieces around it are compiled graphs, and hooks (FSDP2's are
   Dynamo-disabled) must not run again in a recomputation.
 - ``Region``: one module whose ``forward`` (not ``__call__``: its hooks stay
-  outside) is replaced by a Dynamo-disabled call of ``fxckpt.checkpoint``.
-  On the first step with grad its saved bytes are measured and entered in
-  the ``Ledger``, which the backend subtracts from a byte budget before
-  planning the graphs that run after it.
+  outside) is replaced by a Dynamo-disabled call of ``fxckpt.checkpoint``
+  with the region's policy (fxckpt/eager/region_policy.py). On the first
+  step with grad (and the step after its policy changed) what it holds is
+  measured -- as it ran, at its floor, with the user's policy -- and
+  entered in the ``Ledger``, which the backend subtracts from a byte budget
+  before planning the graphs that run after it.
 """
 
 from __future__ import annotations
@@ -27,18 +30,18 @@ import re
 import traceback
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import noop_context_fn
 
 from fxckpt.eager.checkpoint import checkpoint
-from fxckpt.errors import BudgetError
+from fxckpt.eager.region_policy import RegionBytes, RegionDecider, RegionPolicy, region_bytes
 from fxckpt.memory import storage_key
-from fxckpt.options import Budget, format_bytes
 
 # Dynamo compiles the code after a break as a new function named after the
 # one it resumes ("torch_dynamo_resume_in_forward_at_31").
@@ -193,40 +196,48 @@ def outermost(names: list[str]) -> list[str]:
 @dataclass
 class Ledger:
     """What the fallback regions hold for backward, measured during the
-    forward of the first step with grad, in the order they ran."""
+    forward of a step with grad, in the order they ran: the first such step,
+    and again the step after a region's policy changed. ``entries`` is the
+    last complete measurement (the one under way until there is one), each
+    with how many compiled graphs had run in the step before the call
+    (``position``, given by the owner)."""
 
-    budget: Budget | None = None
-    entries: list[tuple[str, int]] = field(default_factory=list)
+    position: Callable[[], int] = int      # int() is 0: no graphs to count
+    entries: list[tuple[str, int, RegionBytes]] = field(default_factory=list)
     measuring: bool = False
     measured: bool = False
+    _pending: list[tuple[str, int, RegionBytes]] = field(default_factory=list)
 
     def held_bytes(self) -> int:
-        return sum(nbytes for _, nbytes in self.entries)
+        return sum(nbytes.held for _, _, nbytes in self._current())
 
-    def bytes_of(self, region: str) -> int | None:
-        counted = [nbytes for name, nbytes in self.entries if name == region]
-        return sum(counted) if counted else None
+    def bytes_of(self, region: str) -> RegionBytes | None:
+        counted = [nbytes for name, _, nbytes in self._current() if name == region]
+        return sum(counted[1:], counted[0]) if counted else None
 
-    def add(self, region: str, nbytes: int) -> None:
-        self.entries.append((region, nbytes))
-        held = self.held_bytes()
-        if self.budget is not None and self.budget.bytes is not None \
-                and held >= self.budget.bytes:
-            raise BudgetError(
-                f"the budget of {format_bytes(self.budget.bytes)} is used up by the "
-                f"{format_bytes(held)} that the eager fallback regions "
-                f"({', '.join(dict.fromkeys(name for name, _ in self.entries))}) save "
-                "for backward; raise the budget, or pass a policy that saves less there",
-                floor_bytes=held + 1)
+    def position_of(self, region: str) -> int:
+        """Graph runs in the step before the region's first call."""
+        return next(at for name, at, _ in self._current() if name == region)
+
+    def add(self, region: str, nbytes: RegionBytes) -> None:
+        self._pending.append((region, self.position(), nbytes))
+
+    def measure_again(self) -> None:
+        """Measure on the next step with grad (a region's policy changed)."""
+        self.measured = False
+
+    def _current(self) -> list[tuple[str, int, RegionBytes]]:
+        return self.entries if self.entries or not self.measuring else self._pending
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         self.measuring = not self.measured and torch.is_grad_enabled()
         if self.measuring:
-            self.entries.clear()  # an earlier try that failed half way
+            self._pending = []  # an earlier try that failed half way
         try:
             yield
-            self.measured = self.measured or self.measuring
+            if self.measuring:
+                self.entries, self.measured = self._pending, True
         finally:
             self.measuring = False
 
@@ -236,20 +247,30 @@ class Region:
 
     Installed as the module's ``forward`` (an instance attribute; the class
     is untouched), so the module's hooks run outside the checkpoint, and a
-    deep copy of the model gets a region of its own."""
+    deep copy of the model gets a region of its own. ``choice`` is the
+    policy it runs with (fxckpt/eager/region_policy.py), ``why`` the reason."""
 
     def __init__(self, name: str, module: nn.Module, breaks: list[BreakSite], *,
-                 policy: Any, ledger: Ledger, live: nn.Module) -> None:
+                 choice: RegionPolicy, why: str, ledger: Ledger, live: nn.Module) -> None:
         self.name = name
         self.module_type = type(module).__name__
         self.breaks = breaks
-        self.policy = policy
+        self.choice = choice
+        self.why = why
         self.ledger = ledger
         self.live = live            # its parameters and buffers are not activations
         self.calls = 0
         self.enclosed_calls = 0
         self.wrapped = module.forward
         module.forward = self
+
+    def choose(self, choice: RegionPolicy, why: str) -> None:
+        self.choice, self.why = choice, why
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters of the module whose forward this is."""
+        owner = getattr(self.wrapped, "__self__", None)
+        return list(owner.parameters()) if isinstance(owner, nn.Module) else []
 
     # Disabled: Dynamo ends the caller's graph at this call and runs the
     # call, the module's hooks included, eagerly; nothing inside compiles.
@@ -265,14 +286,19 @@ class Region:
             # recompute the region twice.
             self.enclosed_calls += 1
             return self.wrapped(*args, **kwargs)
+        decider = self.choice.decider()
         if not self.ledger.measuring:
-            return self._checkpointed(args, kwargs)
+            return self._checkpointed(args, kwargs, decider)
         with _HeldBytes(exclude=[*self.live.parameters(), *self.live.buffers()]) as held:
-            out = self._checkpointed(args, kwargs)
-        self.ledger.add(self.name, held.count(inputs=(args, kwargs), outputs=out))
+            out = self._checkpointed(args, kwargs, decider, context_fn=held.saved_inside)
+        storages, not_held = held.count(inputs=(args, kwargs), outputs=out)
+        self.ledger.add(self.name, region_bytes(
+            storages, decider, not_held=not_held,
+            activations=held.activation_bytes(inputs=(args, kwargs))))
         return out
 
-    def _checkpointed(self, args: tuple, kwargs: dict):
+    def _checkpointed(self, args: tuple, kwargs: dict, decider: RegionDecider,
+                      context_fn=noop_context_fn):
         # The forward and its arguments go in as checkpoint's positional
         # arguments, so that a forward keyword named like one of checkpoint's
         # own (``policy``) cannot clash; bound to the module, so that module
@@ -280,7 +306,25 @@ class Region:
         owner = getattr(self.wrapped, "__self__", None)
         call = (types.MethodType(_call_forward, owner) if isinstance(owner, nn.Module)
                 else _call_plain)
-        return checkpoint(call, self.wrapped, args, kwargs, policy=self.policy)
+        policy = decider if self.choice.user is not None else None
+        return checkpoint(call, self.wrapped, args, kwargs, policy=policy,
+                          context_fn=context_fn)
+
+
+@contextlib.contextmanager
+def _recorded_saves(record: dict[int, int]) -> Iterator[None]:
+    """Saved-tensor hooks that note each saved tensor's storage and bytes in
+    ``record`` and pass it on to the hooks under them (the checkpoint's)."""
+    outer_pack, outer_unpack = torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+    def pack(tensor: torch.Tensor):
+        key = storage_key(tensor)
+        if key is not None:
+            record.setdefault(key, tensor.untyped_storage().nbytes())
+        return outer_pack(tensor)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack):
+        yield
 
 
 def _checkpoint_around() -> bool:
@@ -311,14 +355,32 @@ class _HeldBytes(TorchDispatchMode):
       its output: the op outputs its policy saves (kept by the checkpoint
       itself, out of reach of saved-tensor hooks).
 
+    And, through ``saved_inside`` (the checkpoint's ``context_fn``), what
+    autograd saves inside the checkpoint: what a recomputation in backward
+    re-creates at most (``activation_bytes``).
+
     Parameters and buffers (``exclude``) live anyway and are not counted."""
 
     def __init__(self, *, exclude: list[torch.Tensor]) -> None:
         super().__init__()
         self.excluded = {storage_key(t) for t in exclude}
         self.packed: dict[int, int] = {}
+        self.inside: dict[int, int] = {}
         self.allocated: dict[int, tuple[StorageWeakRef, int, int]] = {}
         self._hooks: Any = None
+
+    def saved_inside(self) -> tuple[Any, Any]:
+        """(forward context, recomputation context) for ``fxckpt.checkpoint``:
+        the forward's saved tensors are recorded on their way to the
+        checkpoint's own hooks."""
+        return _recorded_saves(self.inside), contextlib.nullcontext()
+
+    def activation_bytes(self, *, inputs: Any) -> int:
+        """Bytes autograd saved inside the checkpoint, each storage once,
+        less the call's inputs, parameters and buffers (never recomputed)."""
+        given = {storage_key(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+        return sum(n for key, n in self.inside.items()
+                   if key not in given and key not in self.excluded)
 
     def __enter__(self):
         outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -355,12 +417,14 @@ class _HeldBytes(TorchDispatchMode):
                 self.allocated[ref.cdata] = (ref, storage_key(tensor), storage.nbytes())
         return out
 
-    def count(self, *, inputs: Any, outputs: Any) -> int:
+    def count(self, *, inputs: Any, outputs: Any) -> tuple[dict[int, int], set[int]]:
+        """(storage -> bytes held for backward, the storages not counted:
+        the call's inputs and outputs, parameters and buffers)."""
         passed = {storage_key(t) for t in tree_leaves((inputs, outputs))
                   if isinstance(t, torch.Tensor)}
         held = dict(self.packed)
         for ref, key, nbytes in self.allocated.values():
             if nbytes and not ref.expired() and key not in passed:
                 held.setdefault(key, nbytes)
-        return sum(n for key, n in held.items() if key not in self.excluded)
-
+        return ({key: n for key, n in held.items() if key not in self.excluded},
+                passed | self.excluded)
