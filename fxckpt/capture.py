@@ -61,9 +61,9 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
             log.info("fxckpt: compiled graphs served from torch's caches without their "
                      "plans (key %s); compiling again to plan", key.short)
             compiled = _compile(gm, example_inputs, planner, None)
-            made = tuple(records[made_before:])
-            if made:
-                store.save(key.digest, _to_store(made, planner.options))
+            # Stored even when empty (AOTAutograd found nothing to partition):
+            # the next process then takes torch's compile as it is.
+            store.save(key.digest, _to_store(tuple(records[made_before:]), planner.options))
     return compiled
 
 

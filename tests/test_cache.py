@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,13 @@ def test_second_process_takes_the_plans_without_planning(tmp_path):
     assert any("plan cache" in note for note in second_run["notes"][0])
     assert second_run["grads"] == first_run["grads"]
     assert "saved" in second_run["explained"]
+    # Torch's caches without fxckpt's: the graph is compiled again, and planned.
+    shutil.rmtree(tmp_path / "fxckpt" / "plans")
+    third_run = _in_subprocess(tmp_path, "step", 10**9)
+    assert third_run["planned"] == 1
+    assert third_run["fingerprints"] == first_run["fingerprints"]
+    assert third_run["grads"] == first_run["grads"]
+    assert len(_stored(tmp_path / "fxckpt" / "plans")) == 1
 
 
 def _step(model_and_input, backend):
