@@ -1,15 +1,15 @@
 """fxckpt: automatic, budgeted, correct activation checkpointing for PyTorch."""
 
 from fxckpt import policies
-from fxckpt.backend import backend
-from fxckpt.compile import compile
+from fxckpt.entry.backend import backend
+from fxckpt.entry.compile import compile
 from fxckpt.eager.checkpoint import checkpoint, checkpoint_sequential
 from fxckpt.errors import BudgetError, FxckptError, PlanError, PolicyError
-from fxckpt.explain import explain
+from fxckpt.entry.explain import explain
 from fxckpt.naming import name
 from fxckpt.options import parse_budget
-from fxckpt.pareto import pareto
-from fxckpt.transform import transform
+from fxckpt.entry.pareto import pareto
+from fxckpt.entry.transform import transform
 from fxckpt.plan import Plan
 
 __all__ = [

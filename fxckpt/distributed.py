@@ -106,7 +106,7 @@ class GraphRuns:
     graphs run in a step, in order (since the last ``new_step()``, called as a
     step begins).
 
-    The Backend's own ledger (fxckpt/ledger.py) budgets the step: under FSDP2
+    The Backend's own ledger (fxckpt/budget/ledger.py) budgets the step: under FSDP2
     one block graph runs once per block, the step holds its saved bytes that
     many times, and the backend re-plans it after the first step. This
     records the same runs from outside, per step, for tests and examples:
@@ -190,6 +190,6 @@ class GraphRuns:
             f"this step peaks at {format_bytes(peak)} by the plans, over the budget of "
             f"{format_bytes(budget_bytes)}" + (f": {detail}" if detail else "")
             + ". The backend re-plans graphs that run several times per step once "
-            "the first step has shown how often they run (fxckpt/ledger.py); a check "
+            "the first step has shown how often they run (fxckpt/budget/ledger.py); a check "
             "during that first step can still see the plans made before it.",
             floor_bytes=None)

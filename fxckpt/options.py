@@ -30,7 +30,7 @@ _BUDGET_FORMS = (
     "or 'fit' on a CUDA device: its free memory at the first compile, less 10%"
 )
 
-# budget="fit" (fxckpt/fit.py): the share of the device's free memory kept
+# budget="fit" (fxckpt/budget/fit.py): the share of the device's free memory kept
 # back for what the memory model does not see.
 FIT_MARGIN = 0.10
 FIT_ALTERNATIVES = ("pass a byte budget (an int, or a string such as '512MiB') or a "
@@ -46,7 +46,7 @@ class Budget:
     interpolate the peak. A fraction is always feasible and monotone.
 
     ``fit``: ``budget="fit"``, the free memory of the CUDA device the first
-    graph runs on, less ``FIT_MARGIN`` (fxckpt/fit.py); ``bytes`` is None
+    graph runs on, less ``FIT_MARGIN`` (fxckpt/budget/fit.py); ``bytes`` is None
     until the backend reads it there, then a byte budget like any other."""
 
     bytes: int | None = None

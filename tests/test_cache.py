@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.backend import Backend
+from fxckpt.entry.backend import Backend
 from fxckpt.cache import plan_key
 from fxckpt.capture import compile_planned
 from fxckpt.options import Budget, Options

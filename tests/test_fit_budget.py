@@ -1,4 +1,4 @@
-"""budget="fit" (fxckpt/fit.py): the CUDA device's free memory at the first
+"""budget="fit" (fxckpt/budget/fit.py): the CUDA device's free memory at the first
 compile, what PyTorch has cached but not allocated counted as free, less
 10%. Elsewhere it is an error naming the alternatives. The arithmetic is
 checked here with the CUDA queries replaced; the real path runs only where
@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 
 import fxckpt
-from fxckpt.backend import Backend
+from fxckpt.entry.backend import Backend
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.fit import fit_budget, fit_bytes
+from fxckpt.budget.fit import fit_budget, fit_bytes
 from fxckpt.options import FIT_MARGIN, Budget, Options, parse_budget
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")

@@ -1,4 +1,4 @@
-"""Graph-break fallback regions under a budget (fxckpt/compile.py,
+"""Graph-break fallback regions under a budget (fxckpt/entry/compile.py,
 fxckpt/eager/region_policy.py): a region runs between its floor (its
 inputs and the policy's MUST saves) and the user's policy, as the step's
 byte budget or fraction requires; the step's floor counts regions at theirs.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.eager.region_policy import RegionBytes
-from fxckpt.ledger import RegionChoice, StepFloor, allocate_step, step_items, step_peak
+from fxckpt.budget.ledger import RegionChoice, StepFloor, allocate_step, step_items, step_peak
 from fxckpt.policies import first, must, save_all, save_ops
 
 from harness import assert_bitwise_equal, run_step

@@ -14,7 +14,7 @@ from fxckpt.models import make_model
 from fxckpt.render import ACTION_COLOURS
 
 # fxckpt.pareto is the function; the module it lives in:
-pareto_module = importlib.import_module("fxckpt.pareto")
+pareto_module = importlib.import_module("fxckpt.entry.pareto")
 
 
 def _gpt():

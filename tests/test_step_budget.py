@@ -1,4 +1,4 @@
-"""A budget is a promise about the training step (fxckpt/ledger.py): recompiles
+"""A budget is a promise about the training step (fxckpt/budget/ledger.py): recompiles
 never spend it, graphs that run several times per step are counted as often
 as they run, dynamic sizes are checked where they run, fractions read as
 torch's activation_memory_budget, and capturing for explain leaves other
@@ -249,7 +249,7 @@ def test_the_step_floor_is_named_and_met_when_asked_for():
 
 
 def test_allocate_picks_the_cheapest_plans_that_fit_the_step():
-    from fxckpt.ledger import StepFloor, allocate, step_peak
+    from fxckpt.budget.ledger import StepFloor, allocate, step_peak
 
     # (own peak, saved, cost) per frontier point, lowest peak first.
     first = ((100, 10, 5.0), (150, 60, 1.0), (200, 120, 0.0))

@@ -21,7 +21,7 @@ import torch
 
 from fxckpt import policies
 from fxckpt.bench import measure
-from fxckpt.backend import backend
+from fxckpt.entry.backend import backend
 from fxckpt.bench.ways import Step
 from fxckpt.models import make_model
 from fxckpt.options import format_bytes

@@ -94,7 +94,7 @@ def run_model(name: str, config: BenchConfig, progress, *,
     they need (eager and the saves-all compiled step as references, the
     torch row whose peak an fxckpt row takes as budget). ``sweep`` adds
     fxckpt's frontier (fxckpt.pareto) for the plot."""
-    from fxckpt.pareto import pareto
+    from fxckpt.entry.pareto import pareto
 
     model, inputs, loss_fn = make_model(name, size=config.size)
     result = ModelResult(name, describe(name, model, inputs))
@@ -299,7 +299,7 @@ def floor_verdict(rows: dict[str, dict]) -> dict:
 
 def floor_bytes(step: torch.nn.Module, inputs) -> int | None:
     """fxckpt's floor, as BudgetError names it at a 1-byte budget."""
-    from fxckpt.explain import explain
+    from fxckpt.entry.explain import explain
 
     try:
         explain(step, *inputs, budget=1, compiler="eager")

@@ -21,7 +21,7 @@ import torch
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
-from fxckpt.backend import Backend
+from fxckpt.entry.backend import Backend
 from fxckpt.options import Options
 
 aten = torch.ops.aten

@@ -5,7 +5,7 @@ eagerly between those graphs, and what that code saves for backward is saved
 in full. ``fxckpt.compile`` therefore looks, before the first step, for the
 submodules whose forward Dynamo breaks, and runs each of them eagerly under
 ``fxckpt.checkpoint`` with the same policy, or less of it where the budget
-requires (fxckpt/compile.py):
+requires (fxckpt/entry/compile.py):
 
 - ``find_breaks``: one forward under Dynamo with a backend that only keeps
   Dynamo's own reasons for ending each graph (reason and user stack). The

@@ -1,11 +1,11 @@
-"""fxckpt.explain: the Plan for a model or graph, without training it."""
+"""fxckpt.entry.explain: the Plan for a model or graph, without training it."""
 
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
-from fxckpt.backend import Backend
+from fxckpt.entry.backend import Backend
 from fxckpt.capture import capture_once
 from fxckpt.errors import FxckptError
 from fxckpt.options import DEFAULT_COMPILER, Options
@@ -22,7 +22,7 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
     default matches ``fxckpt.backend()``, so the plan explained is the plan
     run (Inductor's joint-graph passes change the graph that is planned)."""
     if isinstance(model_or_gm, fx.GraphModule):
-        from fxckpt.transform import transform
+        from fxckpt.entry.transform import transform
 
         plan = transform(model_or_gm, *example_inputs, budget=budget, policy=policy,
                          compiler=compiler, solver=solver,

@@ -1,6 +1,6 @@
 """The ``fxckpt`` command line: it parses and dispatches.
 
-``fxckpt demo`` (fxckpt/demo.py) trains the built-in GPT three ways and
+``fxckpt demo`` (fxckpt/cli/demo.py) trains the built-in GPT three ways and
 compares them; ``fxckpt bench`` (fxckpt/bench/) measures fxckpt side by side
 with torch's own options. The subcommands import their modules when run.
 """
@@ -78,7 +78,7 @@ def add_bench(subparsers) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from fxckpt import demo
+    from fxckpt.cli import demo
 
     return demo.run_demo(args)
 

@@ -40,11 +40,11 @@ import torch.fx as fx
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from fxckpt.backend import Backend, gradient_bytes
+from fxckpt.entry.backend import Backend, gradient_bytes
 from fxckpt.eager.fallback import (BreakSite, Ledger, Region, attribute, describe_frame,
                                    find_breaks, outermost)
 from fxckpt.eager.region_policy import RegionPolicy
-from fxckpt.ledger import LedgerEntry, RegionChoice
+from fxckpt.budget.ledger import LedgerEntry, RegionChoice
 from fxckpt.options import Budget, Options, format_bytes
 from fxckpt.plan import Plan
 
@@ -150,7 +150,7 @@ class FallbackReport:
         return sum(p.saved_bytes for p in self.plans)
 
     def __str__(self) -> str:
-        lines = [f"fxckpt.compile: {len(self.graphs)} compiled graph(s), "
+        lines = [f"fxckpt.entry.compile: {len(self.graphs)} compiled graph(s), "
                  f"{len(self.regions)} fallback region(s), budget "
                  f"{self.budget if self.budget is not None else 'none'}, "
                  f"policy {self.policy!r}",

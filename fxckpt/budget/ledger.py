@@ -296,7 +296,7 @@ class GraphRunner:
         self.ledger = ledger
         self.on_new_step = on_new_step
         self.entry: LedgerEntry | None = None
-        self.size_check: Callable[[Any], None] | None = None   # dynamic sizes (fxckpt/sizes.py)
+        self.size_check: Callable[[Any], None] | None = None   # dynamic sizes (fxckpt/budget/sizes.py)
         self.set_compiled(compiled)
 
     def set_compiled(self, compiled) -> None:

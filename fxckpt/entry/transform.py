@@ -1,4 +1,4 @@
-"""fxckpt.transform: a GraphModule in, a module that trains by the plan out."""
+"""fxckpt.entry.transform: a GraphModule in, a module that trains by the plan out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import FxckptError
-from fxckpt.fit import fitted_budget
+from fxckpt.budget.fit import fitted_budget
 from fxckpt.options import Options
 from fxckpt.pipeline import Planner
 

@@ -12,11 +12,11 @@ import torch.fx as fx
 
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
-from fxckpt.fit import fitted_budget
-from fxckpt.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
+from fxckpt.budget.fit import fitted_budget
+from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory import at_sizes, storage_key
-from fxckpt.sizes import SizeCheck, SizesSeen
+from fxckpt.budget.sizes import SizeCheck, SizesSeen
 from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
 from fxckpt.pipeline import Planner
 from fxckpt.plan import Plan
@@ -24,7 +24,7 @@ from fxckpt.plan import Plan
 
 class Backend:
     """A dynamo backend that checkpoints every graph it is given, within one
-    budget for the whole training step (fxckpt/ledger.py).
+    budget for the whole training step (fxckpt/budget/ledger.py).
 
     ``plans`` holds one Plan per graph compiled with a backward, in order
     (re-plans replace theirs in ``ledger``, and are appended here too).
@@ -59,7 +59,7 @@ class Backend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         budget = self.options.budget
         if budget is not None and budget.fit and budget.bytes is None:
-            # budget="fit" becomes bytes once, at the first graph (fxckpt/fit.py).
+            # budget="fit" becomes bytes once, at the first graph (fxckpt/budget/fit.py).
             try:
                 self.options = replace(self.options, budget=fitted_budget(budget, example_inputs))
             except FxckptError as error:
@@ -295,12 +295,12 @@ def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
     """A torch.compile backend that plans activation checkpointing.
 
     ``budget``: bytes (int) or a string such as "512MiB", for the whole
-    training step (fxckpt/ledger.py); or a fraction in [0, 1] (a float, or a
+    training step (fxckpt/budget/ledger.py); or a fraction in [0, 1] (a float, or a
     string such as "0.5" or "50%") read as torch's activation_memory_budget:
     0 the floor, 1 the runtime-optimal plan's peak; or "fit" on a CUDA
     device: the device's free memory when the first graph compiles (what
     PyTorch's allocator has cached but not allocated counts as free) less
-    10% (fxckpt/fit.py), then a byte budget. "fit" raises ValueError here
+    10% (fxckpt/budget/fit.py), then a byte budget. "fit" raises ValueError here
     on a machine without CUDA, FxckptError at the first compile when the
     graph is not on a CUDA device. None for the runtime-optimal plan.
     ``compiler``: "inductor" or "eager".
