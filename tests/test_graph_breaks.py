@@ -84,9 +84,10 @@ class Body(nn.Module):
 class Net(nn.Module):
     """A compiled stem and head around the body."""
 
-    def __init__(self, kind: str, *, torch_checkpoint: bool = False) -> None:
+    def __init__(self, kind: str, *, torch_checkpoint: bool = False, checkpoint=None) -> None:
         super().__init__()
-        self.torch_checkpoint = torch_checkpoint
+        self.checkpoint = (checkpoint if checkpoint is not None
+                           else torch.utils.checkpoint.checkpoint if torch_checkpoint else None)
         self.stem = nn.Sequential(nn.Linear(32, 4 * D), nn.GELU(), nn.Dropout(0.1),
                                   nn.Linear(4 * D, D), nn.Tanh())
         self.body = Body(kind)
@@ -95,8 +96,8 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.stem(x)
-        if self.torch_checkpoint:
-            h = torch.utils.checkpoint.checkpoint(self.body, h, use_reentrant=False)
+        if self.checkpoint is not None:
+            h = self.checkpoint(self.body, h, use_reentrant=False)
         else:
             h = self.body(h)
         return self.head(self.norm(h))
@@ -162,6 +163,35 @@ def test_breaks_fall_back_bitwise_and_save_less(kind, capsys):
         assert hook_calls_per_step(compiled, inputs, loss_fn) == 1
         assert hook_calls_per_step(torch.compile(fallback_model, backend="aot_eager"),
                                    inputs, loss_fn) == 2
+
+
+class TwiceNet(Net):
+    """The breaking body runs twice: once plain, once under the model's own
+    checkpoint (torch's or fxckpt's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.stem(x))
+        h = self.checkpoint(self.body, h, use_reentrant=False)
+        return self.head(self.norm(h))
+
+
+@pytest.mark.parametrize("checkpoint", [torch.utils.checkpoint.checkpoint, fxckpt.checkpoint],
+                         ids=["torch", "fxckpt"])
+def test_region_call_inside_the_models_own_checkpoint_is_left_to_it(checkpoint):
+    """The breaking body becomes a fallback region (its plain call breaks);
+    its call under the model's own checkpoint is recognised as enclosed and
+    left to that checkpoint, not checkpointed a second time inside it."""
+    torch.manual_seed(0)
+    model = TwiceNet("item", checkpoint=checkpoint).train()
+    _, inputs, loss_fn = make_net("item")
+    reference = run_step(copy.deepcopy(model), inputs, loss_fn)
+    compiled = fxckpt.compile(copy.deepcopy(model), compiler="eager")
+    assert_bitwise_equal(reference, run_step(compiled, inputs, loss_fn))
+    (region,) = compiled.fxckpt_report.regions
+    assert region.module == "body"
+    # Per step: the plain call, the call under the checkpoint and its
+    # recomputation in backward.
+    assert (region.calls, region.enclosed_calls) == (3, 2)
 
 
 def hook_calls_per_step(module: nn.Module, inputs: tuple, loss_fn) -> int:
