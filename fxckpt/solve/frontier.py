@@ -107,9 +107,11 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
                                      sqrt_segments(problem))]
 
-    def solved(target: float) -> Candidate:
+    base = problem
+
+    def solved(target: float, proxy: Problem | None = None) -> Candidate:
         started = time.perf_counter()
-        saved, recomputed, offloaded, gap = strategy(problem, target)
+        saved, recomputed, offloaded, gap = strategy(proxy or problem, target)
         return candidate(to_decision(
             problem, saved, recomputed, offloaded, solver=strategy.__name__,
             seconds=time.perf_counter() - started, gap=gap, budget_bytes=None))
@@ -137,13 +139,21 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         if stalls >= _STALLS_BEFORE_STOP:
             break
     found += _below_lowest(solved, min(c.peak for c in found))
+    if problem is not base:
+        found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     return _non_dominated(found)
 
 
 def _below_lowest(solved, lowest: int) -> list[Candidate]:
     """Plans aimed just under the lowest peak found, until none is lower: the
     geometric targets step over floors between them, and the floor
-    BudgetError names must be the lowest the strategy can reach."""
+    BudgetError names must be the lowest the strategy can reach.
+
+    The frontier calls it twice: with the refined proxy, then with the
+    proxy as first built. Refinement makes the proxy more cautious (it
+    follows recompute chains some plans used), which can hide a lower floor
+    from it; each candidate's peak is what ``evaluate`` measures, so an
+    optimistic proxy cannot put a false plan on the frontier."""
     found: list[Candidate] = []
     for _ in range(_FLOOR_STEPS):
         try:
