@@ -326,6 +326,10 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     last_fwd = np.arange(n)
     first_bwd = np.full(n, len(backward))
     last_bwd = np.full(n, -1)
+    # A forward-side node the forward outputs do not need (a transpose or
+    # detach AOTAutograd makes for backward, placed after the loss) runs in
+    # forward only if saved: its reads do not hold its inputs through forward.
+    runs_in_forward = run_in_forward(profile, frozenset())
     for node in nodes:
         for parent in node.inputs:
             if parent not in index:
@@ -334,7 +338,7 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
             if node.phase == BACKWARD:
                 first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
                 last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
-            else:
+            elif node.name in runs_in_forward:
                 last_fwd[i] = max(last_fwd[i], fwd_pos[node.name])
     outputs = {index[o] for o in profile.forward_outputs if o in index}
     for i in outputs:
@@ -345,7 +349,8 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     is_owner = owner == np.arange(n)
     for i in range(n):
         o = owner[i]
-        last_fwd[o] = max(last_fwd[o], last_fwd[i])
+        if names[i] in runs_in_forward:
+            last_fwd[o] = max(last_fwd[o], last_fwd[i])
         last_bwd[o] = max(last_bwd[o], last_bwd[i])
     last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
     base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
@@ -356,7 +361,9 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     rows_saved, base, labels = [], [], []
     for phase, t in stages:
         if phase == "forward":
-            rows_saved.append((np.arange(n) <= t) & (last_fwd < t))
+            # A saved value holds its storage from the storage's creation
+            # (a saved view made late keeps its base alive from the start).
+            rows_saved.append((owner <= t) & (last_fwd < t))
             base.append(base_fwd[t])
             labels.append(point(FORWARD, names[t]))
         else:
