@@ -102,6 +102,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             source=op_kinds.source_line(node),
             module_path=op_kinds.module_path(node),
             owner_module_path=op_kinds.owner_module_path(node),
+            at_root=op_kinds.at_root(node),
+            remat=op_kinds.remat_kind(node),
         )
     flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
     fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))

@@ -6,12 +6,11 @@ sqrt(n) segments."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import time
 import numpy as np
 
 from fxckpt.types import Decision
-from fxckpt.solve.cut import min_cut
+from fxckpt.solve.partitioner import partitioner_saved
 from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 
@@ -31,40 +30,21 @@ def recompute_all(problem: Problem) -> Decision:
 
 def per_block(problem: Problem) -> Decision:
     """torch.compile with torch.utils.checkpoint around every repeated block
-    (layer), as torch's partitioner plans it: every value inside a block is
-    recomputed, except what one block passes to another, which is saved;
-    the values outside the blocks (and what enters a block from them) are
-    left to a minimum cut that may recompute only cheap ops (views,
-    pointwise, nothing random).
-
-    Values computed from no input at all (an attention mask built from
-    ``ones``) are the same in every block; torch.compile computes them once,
-    before the first block, so here they belong to no block either."""
+    (layer), as torch's partitioner plans it (solve/partitioner.py): every
+    value inside a block is tagged for recompute, except those a later
+    block reads, which are tagged MUST_SAVE; the values outside the blocks
+    are left to torch's minimum cut, with its weights and its bans."""
     start = time.perf_counter()
-    constant = _constant(problem)
-    segment = np.where(constant, -1, problem.block)
-    outside = segment < 0
+    inside = problem.block >= 0
     crossing = np.zeros(problem.n, dtype=bool)
     for i, parents in enumerate(problem.parents):
-        if not outside[i]:
-            inner = parents[~outside[parents]]
-            crossing[inner[segment[inner] != segment[i]]] = True
-    recompute = ~outside & ~crossing & problem.can_recompute
-    cheap = outside & ~constant & problem.can_recompute & problem.hint_recompute \
-        & (problem.replay == 0)
-    partitioned = replace(problem, can_save=problem.can_save & ~recompute,
-                          can_recompute=recompute | cheap)
-    # Among cuts of equal bytes, recompute no op that costs time.
-    saved = min_cut(partitioned, problem.size, problem.replay + (problem.cost > 0))
+        if inside[i]:
+            inner = parents[inside[parents]]
+            crossing[inner[problem.block[inner] < problem.block[i]]] = True
+    must_save = inside & crossing
+    must_recompute = inside & ~crossing & problem.can_recompute
+    saved = partitioner_saved(problem, must_recompute, must_save)
     return _decision(problem, saved & _read(problem, saved), "per_block", start)
-
-
-def _constant(problem: Problem) -> np.ndarray:
-    """Values that depend on no graph input (parents come first in order)."""
-    constant = np.zeros(problem.n, dtype=bool)
-    for i, parents in enumerate(problem.parents):
-        constant[i] = problem.can_recompute[i] and bool(np.all(constant[parents]))
-    return constant
 
 
 def sqrt_segments(problem: Problem) -> Decision:
