@@ -211,6 +211,29 @@ def at_root(node: fx.Node) -> bool:
             and bool(meta.get("stack_trace")))
 
 
+# Ops that read some arguments only to return their new values: BatchNorm in
+# training reads the running statistics (arguments 3 and 4) only to return
+# them updated (outputs 3 and 4); its other outputs do not depend on them.
+# Per op: the argument positions, the output positions, the training flag's.
+_STATE_ARGUMENTS = {aten._native_batch_norm_legit_functional.default: ((3, 4), (3, 4), 5)}
+
+
+def reads_only_for_state(node: fx.Node, arg: fx.Node) -> bool:
+    """``node`` reads ``arg`` only for outputs that return its new value."""
+    spec = _STATE_ARGUMENTS.get(node.target)
+    if spec is None or len(node.args) <= spec[2] or node.args[spec[2]] is not True:
+        return False
+    positions = [k for k, a in enumerate(node.args) if a is arg]
+    return bool(positions) and all(k in spec[0] for k in positions) and \
+        arg not in node.kwargs.values()
+
+
+def returns_state(node: fx.Node, index) -> bool:
+    """Output ``index`` of ``node`` is the new value of a state it read."""
+    spec = _STATE_ARGUMENTS.get(node.target)
+    return spec is not None and index in spec[1]
+
+
 # --- how torch's min-cut partitioner classes ops ------------------------------
 
 @functools.cache

@@ -44,6 +44,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     static = set(static_input_indices)
     backward = tangent_dependent(graph)
     mutated = _mutated_inputs(graph)
+    written = _written_inputs(graph)
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
     primal_index = 0
@@ -65,13 +66,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
         if is_input and node.name.startswith("primals"):
             is_static = primal_index in static or _is_parameter_or_buffer(node)
             primal_index += 1
-        not_recomputable = op_kinds.not_recomputable_reason(node)
-        reads_mutated = [i.name for i in node.all_input_nodes if i in mutated]
-        if node.target is operator.getitem and node.args[0].name in nodes:
-            not_recomputable = nodes[node.args[0].name].not_recomputable
-        elif not not_recomputable and reads_mutated:
-            not_recomputable = (f"reads {reads_mutated[0]}, an input the step mutates in "
-                                "place (a recompute would read the new value)")
+        not_recomputable = _not_recomputable(node, nodes, mutated | written)
         flops = _flops(node)
         moved = 0 if (not is_tensor and node.target is operator.getitem) else _bytes_moved(node)
         if op_kinds.is_view(node) or node.target is operator.getitem:
@@ -113,6 +108,33 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     needed |= {name for name in bwd_outputs if nodes[name].phase == FORWARD}
     return Profile(nodes=nodes, needed_by_backward=frozenset(needed),
                    forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
+
+
+def _not_recomputable(node: fx.Node, nodes: dict[str, NodeProfile], mutated) -> str:
+    """Why the node cannot run again in backward ("" if it can); ``mutated``
+    are the inputs the step writes, which a recompute would read updated."""
+    if node.target is operator.getitem and node.args[0].name in nodes:
+        parent = node.args[0]
+        if op_kinds.returns_state(parent, node.args[1]) and \
+                any(i in mutated for i in parent.all_input_nodes):
+            return ("the new value of a running statistic (a recompute would update "
+                    "the already updated one)")
+        return nodes[parent.name].not_recomputable
+    reason = op_kinds.not_recomputable_reason(node)
+    reads = [i.name for i in node.all_input_nodes
+             if i in mutated and not op_kinds.reads_only_for_state(node, i)]
+    if not reason and reads:
+        reason = (f"reads {reads[0]}, an input the step mutates in "
+                  "place (a recompute would read the new value)")
+    return reason
+
+
+def _written_inputs(graph: fx.Graph) -> set[fx.Node]:
+    """Inputs the forward graph itself copies a new value into (AOTAutograd
+    keeps such mutations in the graph where it can)."""
+    return {node.args[0] for node in graph.find_nodes(op="call_function",
+                                                      target=torch.ops.aten.copy_.default)
+            if isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"}
 
 
 def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:

@@ -14,6 +14,7 @@ In order, with no interleaving:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -167,7 +168,9 @@ def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
 def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
     """Reorder so each recomputed node runs right before its first user, and
     drop nodes nothing uses (a random op is dropped too: backward must not draw
-    numbers nobody reads)."""
+    numbers nobody reads). The elements of a multi-output op are taken right
+    after it, as torch's partitioner does: the tuple then frees at once, not
+    holding every element until the last one is read."""
     needed = _live_nodes(graph)
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -178,6 +181,9 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
         for arg in node.all_input_nodes:
             emit(arg)
         env[node] = new_graph.node_copy(node, lambda a: env[a])
+        for user in node.users:
+            if user.target is operator.getitem and user in needed:
+                emit(user)
 
     for node in graph.nodes:
         if node.op == "placeholder" or (node in needed and node.name not in recomputed):
