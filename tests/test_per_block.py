@@ -13,16 +13,16 @@ from torch.utils.checkpoint import checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.models import make_model
+from fxckpt.models import ConvNet, make_model
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
     from tests.opcount import OpCounter
-    from tests.zoo import make_hf_gpt2
+    from tests.zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
     from opcount import OpCounter
-    from zoo import make_hf_gpt2
+    from zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
 
 aten = torch.ops.aten
 # Views and aliases move no data; which of two aliases a partitioner keeps is
@@ -36,9 +36,19 @@ def _gpt():
     return make_model("gpt", size="tiny")
 
 
+def _cnn():
+    """Three conv blocks (BatchNorm in training: running statistics updated in
+    place) on small images."""
+    torch.manual_seed(0)
+    model = ConvNet(widths=(4, 8, 8), n_classes=10)
+    images, labels = torch.randn(2, 3, 16, 16), torch.randint(10, (2,))
+    return model, (images,), functools.partial(torch.nn.functional.cross_entropy, target=labels)
+
+
 def _blocks(model):
+    """The repeated blocks (a ModuleList or Sequential of more than one)."""
     return next(m for m in model.modules()
-                if isinstance(m, torch.nn.ModuleList) and len(m) > 1)
+                if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) > 1)
 
 
 def _checkpointed(forward, *args, **kwargs):
@@ -69,7 +79,8 @@ def _step(make, backend, *, per_block_checkpoint=False):
     return Counter(counter.counts["backward"]), measure_peak_bytes(step)
 
 
-@pytest.mark.parametrize("make", [_gpt, make_hf_gpt2], ids=["gpt", "hf_gpt2"])
+@pytest.mark.parametrize("make", [_gpt, _cnn, make_resnet_inplace, make_hf_gpt2, make_hf_llama],
+                         ids=["gpt", "cnn", "resnet_inplace", "hf_gpt2", "hf_llama"])
 def test_per_block_recomputes_what_torch_per_block_checkpoint_does(make, reset_dynamo):
     torch_ops, torch_peak = _step(make, "aot_eager", per_block_checkpoint=True)
     ours, peak = _step(make, fxckpt.backend(compiler="eager", solver="per_block"))
