@@ -73,7 +73,6 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             moved = 0
         nodes[node.name] = NodeProfile(
             name=node.name,
-            op=op_kinds.op_name(node),
             phase=BACKWARD if node in backward else FORWARD,
             inputs=tuple(i.name for i in node.all_input_nodes),
             bytes=own_bytes,
@@ -86,19 +85,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             is_tensor=is_tensor,
             device=val.device.type if is_tensor else "",
             is_symbolic=isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)),
-            is_view=op_kinds.is_view(node),
-            is_pointwise=op_kinds.is_pointwise(node),
-            is_random=op_kinds.is_random(node),
-            replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
-            if op_kinds.is_random(node) else 0,
-            workspace=workspace_bytes(node),
-            is_compute_intensive=op_kinds.is_compute_intensive(node),
             not_recomputable=not_recomputable,
-            source=op_kinds.source_line(node),
-            module_path=op_kinds.module_path(node),
-            owner_module_path=op_kinds.owner_module_path(node),
-            at_root=op_kinds.at_root(node),
-            remat=op_kinds.remat_kind(node),
+            **_op_fields(node),
         )
     flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
     fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))
@@ -108,6 +96,25 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     needed |= {name for name in bwd_outputs if nodes[name].phase == FORWARD}
     return Profile(nodes=nodes, needed_by_backward=frozenset(needed),
                    forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
+
+
+def _op_fields(node: fx.Node) -> dict:
+    """The NodeProfile fields that classify the node's op and its origin."""
+    return dict(
+        op=op_kinds.op_name(node),
+        is_view=op_kinds.is_view(node),
+        is_pointwise=op_kinds.is_pointwise(node),
+        is_random=op_kinds.is_random(node),
+        replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
+        if op_kinds.is_random(node) else 0,
+        workspace=workspace_bytes(node),
+        is_compute_intensive=op_kinds.is_compute_intensive(node),
+        source=op_kinds.source_line(node),
+        module_path=op_kinds.module_path(node),
+        owner_module_path=op_kinds.owner_module_path(node),
+        at_root=op_kinds.at_root(node),
+        remat=op_kinds.remat_kind(node),
+    )
 
 
 def _not_recomputable(node: fx.Node, nodes: dict[str, NodeProfile], mutated) -> str:
