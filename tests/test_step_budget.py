@@ -138,7 +138,8 @@ def test_the_string_backend_shares_one_budget_across_graphs():
     optimal = measured_step(torch.compile(reference, backend=fxckpt.backend(compiler="eager")),
                             inputs, loss_fn)
     torch._dynamo.reset()
-    budget = int(0.95 * optimal)
+    # Below the runtime-optimal peak, above the floor (within 5% of it).
+    budget = int(0.97 * optimal)
     model = SplitInTwo()
     compiled = torch.compile(model, backend="fxckpt",
                              options={"budget": budget, "compiler": "eager"})

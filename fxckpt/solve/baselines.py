@@ -1,15 +1,18 @@
 """Reference strategies, through the same Problem and the same cut:
 save everything backward reads, recompute all that can be recomputed,
 checkpoint per block (torch.utils.checkpoint around each layer), and
-sqrt(n) segments."""
+sqrt(n) segments; a leaner per-block plan seeds the budgeted frontier."""
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
+
 import numpy as np
 
 from fxckpt.types import Decision
+from fxckpt.solve.cut import min_cut
 from fxckpt.solve.partitioner import partitioner_saved
 from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
@@ -45,6 +48,39 @@ def per_block(problem: Problem) -> Decision:
     must_recompute = inside & ~crossing & problem.can_recompute
     saved = partitioner_saved(problem, must_recompute, must_save)
     return _decision(problem, saved & _read(problem, saved), "per_block", start)
+
+
+def lean_blocks(problem: Problem) -> Decision:
+    """A leaner per-block plan, a low-peak seed for the frontier: every value
+    inside a block is recomputed except what one block passes to another;
+    values computed from no input at all (a mask built from ``ones``) are
+    left outside the blocks, and outside them a minimum cut may recompute
+    any cheap op (views, pointwise, nothing random)."""
+    start = time.perf_counter()
+    constant = _constant(problem)
+    segment = np.where(constant, -1, problem.block)
+    outside = segment < 0
+    crossing = np.zeros(problem.n, dtype=bool)
+    for i, parents in enumerate(problem.parents):
+        if not outside[i]:
+            inner = parents[~outside[parents]]
+            crossing[inner[segment[inner] != segment[i]]] = True
+    recompute = ~outside & ~crossing & problem.can_recompute
+    cheap = outside & ~constant & problem.can_recompute & problem.hint_recompute \
+        & (problem.replay == 0)
+    partitioned = replace(problem, can_save=problem.can_save & ~recompute,
+                          can_recompute=recompute | cheap)
+    # Among cuts of equal bytes, recompute no op that costs time.
+    saved = min_cut(partitioned, problem.size, problem.replay + (problem.cost > 0))
+    return _decision(problem, saved & _read(problem, saved), "lean_blocks", start)
+
+
+def _constant(problem: Problem) -> np.ndarray:
+    """Values that depend on no graph input (parents come first in order)."""
+    constant = np.zeros(problem.n, dtype=bool)
+    for i, parents in enumerate(problem.parents):
+        constant[i] = problem.can_recompute[i] and bool(np.all(constant[parents]))
+    return constant
 
 
 def sqrt_segments(problem: Problem) -> Decision:
