@@ -117,6 +117,7 @@ def _compile(gm, example_inputs, planner, uuid: str | None):
             fw_compiler=boxed_nop,
             bw_compiler=boxed_nop,
             partition_fn=planner,
+            keep_inference_input_mutations=True,
         )(gm, example_inputs)
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx

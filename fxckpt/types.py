@@ -79,6 +79,20 @@ def split_point(at: str) -> tuple[Phase, str]:
 
 
 @dataclass(frozen=True)
+class RematKind:
+    """How torch's min-cut partitioner (torch._functorch.partitioners) sees
+    one op, so that a reference strategy can plan as torch.compile does."""
+
+    view: bool = False          # on its list of views: never banned from recompute
+    fusible: bool = False       # fuses with a fusible neighbour (a recompute it counts as free)
+    allowed: bool = False       # on its allowlist of ops it may recompute
+    fuses_inputs: bool = False  # any producer fuses into it (a concatenation)
+    getitem: bool = False       # an element of a multi-output op
+    reduction: bool = False     # its output is under a quarter of its inputs' size
+    bytes: int = 0              # its size measure: elements times item size
+
+
+@dataclass(frozen=True)
 class NodeProfile:
     """What the planner needs to know of one value of the joint graph."""
 
@@ -112,6 +126,10 @@ class NodeProfile:
     # nodes AOTAutograd adds for backward, the module of the op they serve
     # (fwd_nn_module_stack); "" when the graph records neither.
     owner_module_path: str = ""
+    # Traced from the compiled module's own code (no module stack, not an
+    # op AOTAutograd adds): outside every submodule.
+    at_root: bool = False
+    remat: RematKind | None = None   # None: derived from the fields above
 
     @property
     def recomputable(self) -> bool:

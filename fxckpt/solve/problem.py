@@ -42,6 +42,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
 from fxckpt.solve.common import run_in_forward
+from fxckpt.solve.remat_classes import RematClasses, remat_classes
 
 MAX_STAGES = 64
 _P = CheckpointPolicy
@@ -78,6 +79,8 @@ class Problem:
     stage_names: tuple[str, ...] = field(default=())
     lifetimes: "Lifetimes | None" = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
+    # How torch's own partitioner sees each value (the per-block reference).
+    remat: RematClasses | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -190,9 +193,10 @@ def _blocks(forward, parents) -> np.ndarray:
 
     A value's block comes from the module that owns its op (for nodes
     AOTAutograd adds without a module stack of their own, the module of the
-    forward op they serve). A value with no module at all takes the block its
-    inputs agree on, else the one its users agree on, as it would run inside
-    a checkpoint around that block; graph inputs belong to no block."""
+    forward op they serve). Ops of the compiled module's own code and graph
+    inputs belong to no block. Any other value with no module at all takes
+    the block its inputs agree on, else the one its users agree on, as it
+    would run inside a checkpoint around that block."""
     n = len(forward)
     blocks: dict[str, int] = {}
     block = np.full(n, -1)
@@ -201,7 +205,7 @@ def _blocks(forward, parents) -> np.ndarray:
         match = _BLOCK.match(node.owner_module_path)
         if match:
             block[i] = blocks.setdefault(match.group(1), len(blocks))
-        elif not node.owner_module_path and not node.is_input:
+        elif not node.owner_module_path and not node.is_input and not node.at_root:
             unowned.append(i)
     users: list[list[int]] = [[] for _ in range(n)]
     for i, inputs in enumerate(parents):
@@ -232,17 +236,11 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
     parents = tuple(np.array([index[p] for p in node.inputs if p in index], dtype=np.int64)
                     for node in forward)
     ran_forward = run_in_forward(profile, frozenset())
-    size = np.zeros(n)
-    cost = np.zeros(n)
-    replay = np.zeros(n)
-    can_save = np.zeros(n, dtype=bool)
-    can_recompute = np.zeros(n, dtype=bool)
-    prefer_save = np.zeros(n, dtype=bool)
-    prefer_recompute = np.zeros(n, dtype=bool)
-    hint_save = np.zeros(n, dtype=bool)
-    hint_recompute = np.zeros(n, dtype=bool)
-    can_offload = np.zeros(n, dtype=bool)
-    must_offload = np.zeros(n, dtype=bool)
+    size, cost, replay = np.zeros(n), np.zeros(n), np.zeros(n)
+    can_save, can_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    prefer_save, prefer_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    hint_save, hint_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    can_offload, must_offload = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     block = _blocks(forward, parents)
     for i, node in enumerate(forward):
         owner = profile.nodes[node.storage]
@@ -281,7 +279,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    hint_save=hint_save, hint_recompute=hint_recompute, block=block,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
-                   **stages)
+                   remat=remat_classes(profile, index), **stages)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
