@@ -75,6 +75,9 @@ class Planner:
         self.on_plan = on_plan
         self.reusable: list[Planned] = []
         self.cache_note: str | None = None
+        # Bytes a byte budget is planned below, where the compiled code of a
+        # plan made for it peaked that much over it (capture.py).
+        self.lowered_by = 0
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
@@ -91,7 +94,8 @@ class Planner:
             frontiers: list[tuple] = []
             with clock.phase("solve"):
                 decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
-                                                      on_frontier=frontiers.append)
+                                                      on_frontier=frontiers.append,
+                                                      lowered_by=self.lowered_by)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
                                 graph_id=graph_id)
             made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
@@ -100,6 +104,16 @@ class Planner:
         self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
         progress.finished(planned.plan)
         return rewritten.forward, rewritten.backward
+
+    def retract(self, mark: int) -> None:
+        """Forget the plans made since ``len(self.plans)`` was ``mark``: their
+        compiled code is being thrown away and the graph planned again."""
+        del self.plans[mark:], self.records[mark:], self.graphs[mark:]
+
+    def replace_plan(self, index: int, plan: Plan) -> None:
+        """Record ``plan`` for plan ``index`` (its compiled peak known)."""
+        self.plans[index] = plan
+        self.records[index] = replace(self.records[index], plan=plan)
 
     def _follow(self, known: Planned, profile, tags, evaluate, clock, graph_id):
         """(Planned, rewritten) by ``known``'s decision, without solving, where
@@ -242,10 +256,11 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
 
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
-          on_frontier: Callable[[tuple], Any] | None = None):
+          on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0):
     """Return (decision, rewritten, timeline) for the options' solver and budget.
     ``on_frontier``, under a budget, gets the frontier as (own peak, saved
-    bytes, cost) points, lowest peak first."""
+    bytes, cost) points, lowest peak first. ``lowered_by``: bytes a byte
+    budget is planned below (the decision still names the budget asked)."""
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
@@ -262,7 +277,8 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     # plan that is no more costly and peaks no higher.
     frontier = pareto_frontier(problem, evaluate, options.solver,
                                (optimal, rewritten, timeline))
-    budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    budget = asked - lowered_by
     if on_frontier is not None:
         on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
                            saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
@@ -272,7 +288,9 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
             problem, evaluate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
-        raise _budget_error(no_fit) from None
+        raise _budget_error(no_fit, lowered_by) from None
+    if lowered_by:
+        decision = replace(decision, budget_bytes=asked)
     return decision, rewritten, getattr(timeline, "graph", timeline)
 
 
@@ -306,19 +324,22 @@ def _within_budget(decision, rewritten, timeline, options):
     return replace(decision, budget_bytes=budget), rewritten, timeline
 
 
-def _budget_error(no_fit: NoPlanFits) -> BudgetError:
-    floor, budget = no_fit.floor, no_fit.budget
+def _budget_error(no_fit: NoPlanFits, lowered_by: int = 0) -> BudgetError:
+    """``lowered_by``: what compiled code peaked above the memory model's
+    figure for an earlier plan of this graph, added back to the floor."""
+    floor, budget = no_fit.floor, no_fit.budget + lowered_by
+    floor_peak = floor.peak + lowered_by
     runtime_optimal_peak = no_fit.runtime_optimal_peak
     graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
     what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
         else "values the memory model could not break down"
     return BudgetError(
         f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
-        f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
+        f"feasible budget is {format_bytes(floor_peak)} ({floor_peak} bytes; the "
         f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
         f"floor the peak is at {graph_timeline.peak_at}, made of {what}. Raise the "
-        f"budget to at least {floor.peak} bytes, or shrink the batch.",
-        floor_bytes=floor.peak, dominated_by=what)
+        f"budget to at least {floor_peak} bytes, or shrink the batch.",
+        floor_bytes=floor_peak, dominated_by=what)
 
 
 def dominated_by(rewritten, timeline) -> str:
