@@ -135,7 +135,7 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     away and the graph planned again, the budget lowered by the excess,
     until it fits; its plans reach the caller only then."""
     on_plan, planner.on_plan = planner.on_plan, None
-    mark = len(planner.plans)
+    mark, tried, peaks = len(planner.plans), [], []
     try:
         for attempt in range(_ATTEMPTS):
             code: dict[str, str] = {}
@@ -143,8 +143,14 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
             over = _note_compiled_peaks(planner, mark, code)
             if not over:
                 break
-            if attempt == _ATTEMPTS - 1:
-                raise _still_over(planner.plans[-1], over)
+            plan = planner.plans[-1]
+            peaks.append(plan.peak_bytes)
+            if attempt == _ATTEMPTS - 1 or plan.fingerprint in tried:
+                # Planning lower gave the same plan (the floor's) or no plan
+                # under the budget in as many compiles: the lowest compiled
+                # peak seen is a budget that is met.
+                raise _still_over(plan, over, min(peaks))
+            tried.append(plan.fingerprint)
             log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
                      "again %d bytes lower", over, planner.lowered_by + over)
             planner.retract(mark)
@@ -202,12 +208,13 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
     return max(0, compiled.peak_bytes - budget)
 
 
-def _still_over(plan, over: int) -> BudgetError:
+def _still_over(plan, over: int, lowest: int) -> BudgetError:
     return BudgetError(
-        f"under Inductor the compiled plan still peaks {over} bytes over the budget of "
-        f"{plan.budget_bytes} bytes after planning {_ATTEMPTS} times, each lower by "
-        f"what the last compiled code exceeded; a budget of {plan.peak_bytes} bytes "
-        "is met by this plan", floor_bytes=plan.peak_bytes)
+        f"no plan fits a budget of {plan.budget_bytes} bytes for this graph under "
+        f"Inductor: its compiled code peaks {over} bytes over it after planning lower by "
+        f"what each compiled plan exceeded, down to the memory model's floor. The "
+        f"lowest peak Inductor's code reached is {lowest} bytes: raise the budget to at "
+        f"least {lowest} bytes, or shrink the batch.", floor_bytes=lowest)
 
 
 class _InductorPartitioner(CustomPartitionerFn):

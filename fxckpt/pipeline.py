@@ -278,7 +278,9 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     frontier = pareto_frontier(problem, evaluate, options.solver,
                                (optimal, rewritten, timeline))
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
-    budget = asked - lowered_by
+    # Lowered, the budget stops at the floor: the floor's plan is the last
+    # one whose compiled code is worth reading.
+    budget = max(asked - lowered_by, frontier[0].peak) if lowered_by else asked
     if on_frontier is not None:
         on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
                            saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
@@ -288,7 +290,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
             problem, evaluate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
-        raise _budget_error(no_fit, lowered_by) from None
+        raise _budget_error(no_fit) from None
     if lowered_by:
         decision = replace(decision, budget_bytes=asked)
     return decision, rewritten, getattr(timeline, "graph", timeline)
@@ -324,11 +326,9 @@ def _within_budget(decision, rewritten, timeline, options):
     return replace(decision, budget_bytes=budget), rewritten, timeline
 
 
-def _budget_error(no_fit: NoPlanFits, lowered_by: int = 0) -> BudgetError:
-    """``lowered_by``: what compiled code peaked above the memory model's
-    figure for an earlier plan of this graph, added back to the floor."""
-    floor, budget = no_fit.floor, no_fit.budget + lowered_by
-    floor_peak = floor.peak + lowered_by
+def _budget_error(no_fit: NoPlanFits) -> BudgetError:
+    floor, budget = no_fit.floor, no_fit.budget
+    floor_peak = floor.peak
     runtime_optimal_peak = no_fit.runtime_optimal_peak
     graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
     what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \

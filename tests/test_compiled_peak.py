@@ -1,0 +1,45 @@
+"""Reading a step's peak off Inductor's wrapper code (fxckpt/compiled_peak.py)."""
+
+from fxckpt.compiled_peak import step_peak
+
+_FORWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        buf1 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        kernel(primals_1, buf0, buf1)
+        buf2 = buf1; del buf1  # reuse
+        buf3 = empty_strided_cpu((16, ), (1, ), torch.int64)
+        del buf3
+        return (buf2, primals_1, reinterpret_tensor(buf0, (32, ), (1, ), 0), )
+"""
+
+_BACKWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, view, tangents_1 = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float64)
+        kernel(view, tangents_1, buf0)
+        del view
+        buf1 = empty_strided_cpu((2, ), (1, ), torch.bool)
+        return (buf0, )
+"""
+
+
+def test_forward_keeps_what_it_returns_and_backward_frees_saved_values():
+    peak = step_peak(_FORWARD, _BACKWARD)
+    # Forward: 128 + 128 live, then 128 B of int64 on top: 384 B; it keeps
+    # both float buffers (one returned as output, one as a saved view).
+    assert peak.forward_peak_bytes == 384
+    assert peak.held_bytes == 256
+    # Backward: 256 held + 256 (float64) = 512, then the saved view is freed
+    # (-128) before 2 bool bytes are allocated.
+    assert peak.peak_bytes == 512
+
+
+def test_code_with_a_symbolic_size_is_not_read():
+    code = _FORWARD.replace("(16, ), (1, )", "(s0, ), (1, )")
+    assert step_peak(code, _BACKWARD) is None
