@@ -65,6 +65,10 @@ def step_peak(forward_code: str, backward_code: str | None) -> CompiledPeak | No
             saved = returned[len(returned) - saved_count:] if saved_count else []
             old = walk.names
             walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
+            # Tangents are made by autograd for the backward, sized by the
+            # wrapper's input asserts (as float32: a loss's gradient), and
+            # held by autograd until the backward returns, whatever it deletes.
+            walk.fallback.update(name for name in inputs if name.startswith("tangents"))
             walk.run(backward[1:])
     except _Unreadable:
         return None
@@ -107,6 +111,8 @@ class _Walk:
         self.peak = max(self.peak, self.level)
 
     def delete(self, name: str) -> None:
+        if name.startswith("tangents"):
+            return
         storage = self.names.pop(name, None)
         if storage in self.sizes and storage not in self.names.values():
             self.level -= self.sizes.pop(storage)

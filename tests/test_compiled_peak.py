@@ -43,3 +43,9 @@ def test_forward_keeps_what_it_returns_and_backward_frees_saved_values():
 def test_code_with_a_symbolic_size_is_not_read():
     code = _FORWARD.replace("(16, ), (1, )", "(s0, ), (1, )")
     assert step_peak(code, _BACKWARD) is None
+
+
+def test_tangents_are_allocated_for_the_backward():
+    code = _BACKWARD.replace("args.clear()", "args.clear()\n"
+                             "        assert_size_stride(tangents_1, (4, 8), (8, 1), 'input')")
+    assert step_peak(_FORWARD, code).peak_bytes == 512 + 128
