@@ -113,7 +113,8 @@ class Planner:
     def replace_plan(self, index: int, plan: Plan) -> None:
         """Record ``plan`` for plan ``index`` (its compiled peak known)."""
         self.plans[index] = plan
-        self.records[index] = replace(self.records[index], plan=plan)
+        if index < len(self.records):      # a FrontierPlanner keeps no records
+            self.records[index] = replace(self.records[index], plan=plan)
 
     def _follow(self, known: Planned, profile, tags, evaluate, clock, graph_id):
         """(Planned, rewritten) by ``known``'s decision, without solving, where
