@@ -147,9 +147,11 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
             peaks.append(plan.peak_bytes)
             if attempt == _ATTEMPTS - 1 or plan.fingerprint in tried:
                 # Planning lower gave the same plan (the floor's) or no plan
-                # under the budget in as many compiles: the lowest compiled
-                # peak seen is a budget that is met.
-                raise _still_over(plan, over, min(peaks))
+                # under the budget in as many compiles: refused, naming the
+                # lowest compiled peak of the plans tried and of the
+                # runtime-optimal plan, a budget that is met.
+                raise _still_over(plan, over, min(peaks + [_unbudgeted_peak(
+                    gm, example_inputs, planner, uuid, mark)]))
             tried.append(plan.fingerprint)
             log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
                      "again %d bytes lower", over, planner.lowered_by + over)
@@ -161,6 +163,20 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
         for plan in planner.plans[mark:]:
             on_plan(plan)
     return compiled
+
+
+def _unbudgeted_peak(gm, example_inputs, planner, uuid, mark: int) -> int:
+    """The compiled peak of the graph's runtime-optimal plan."""
+    planner.retract(mark)
+    planner.without_budget = True
+    try:
+        code: dict[str, str] = {}
+        _inductor(gm, example_inputs, planner, uuid, code)
+        _note_compiled_peaks(planner, mark, code)
+        return planner.plans[mark].peak_bytes
+    finally:
+        planner.without_budget = False
+        planner.retract(mark)
 
 
 def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
@@ -213,8 +229,9 @@ def _still_over(plan, over: int, lowest: int) -> BudgetError:
         f"no plan fits a budget of {plan.budget_bytes} bytes for this graph under "
         f"Inductor: its compiled code peaks {over} bytes over it after planning lower by "
         f"what each compiled plan exceeded, down to the memory model's floor. The "
-        f"lowest peak Inductor's code reached is {lowest} bytes: raise the budget to at "
-        f"least {lowest} bytes, or shrink the batch.", floor_bytes=lowest)
+        f"lowest peak Inductor's code reached, over those plans and the runtime-optimal "
+        f"one, is {lowest} bytes: raise the budget to at least {lowest} bytes, or "
+        "shrink the batch.", floor_bytes=lowest)
 
 
 class _InductorPartitioner(CustomPartitionerFn):

@@ -78,6 +78,9 @@ class Planner:
         # Bytes a byte budget is planned below, where the compiled code of a
         # plan made for it peaked that much over it (capture.py).
         self.lowered_by = 0
+        # Plan as if no budget were given (capture.py: to learn the compiled
+        # peak of the runtime-optimal plan before refusing a budget).
+        self.without_budget = False
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
@@ -93,7 +96,9 @@ class Planner:
         if made is None:
             frontiers: list[tuple] = []
             with clock.phase("solve"):
-                decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                options = replace(self.options, budget=None) if self.without_budget \
+                    else self.options
+                decision, rewritten, timeline = solve(profile, tags, evaluate, options,
                                                       on_frontier=frontiers.append,
                                                       lowered_by=self.lowered_by)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
