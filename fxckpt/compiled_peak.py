@@ -34,7 +34,9 @@ import torch
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
 _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
 _ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
-_CALL = re.compile(r"^(\w+) = (?:torch\.ops|extern_kernels)\.")
+_CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops|extern_kernels)\.(\w+)[.(]"
+                   r"(?:default\()?(\w+)?(?:, (\w+))?(?:, (\w+))?")
+_ITEM = re.compile(r"^(\w+) = (\w+)\[\d+\]$")
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
 _ARGS = re.compile(r"^(.*) = args$")
 
@@ -54,6 +56,7 @@ def step_peak(forward_code: str, backward_code: str | None) -> CompiledPeak | No
     try:
         forward = _call_body(forward_code)
         walk = _Walk()
+        walk.cpu = "empty_strided_cpu" in forward_code or "empty_strided_" not in forward_code
         returned = walk.run(forward)
         kept = {walk.names[name] for name in returned if name in walk.names}
         walk.keep_only(kept)
@@ -102,6 +105,8 @@ class _Walk:
         self.sizes: dict[object, int] = {}
         self.level = self.peak = 0
         self.fallback: set[str] = set()
+        self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
+        self.cpu = True
 
     def allocate(self, name: str, nbytes: int) -> None:
         storage = object()
@@ -149,15 +154,36 @@ class _Walk:
                 self.names[match[1]] = storage
         elif match := _CALL.match(statement):
             self.fallback.add(match[1])     # its size comes in the assert after it
+            _scratch(self, match[1], match[2], match.group(3, 4, 5))
+        elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
+            self.fallback.add(match[1])     # one output of a multi-output fallback
         elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
             self.fallback.discard(match[1])
             self.allocate(match[1], _nbytes(match[2], match[3], "float32"))
+            if self.scratch_of.pop(match[1], None) == "convolution":
+                # CPU convolution writes its output through a temporary of
+                # its size (memory.workspace_bytes).
+                self.peak = max(self.peak, self.level + self.sizes[self.names[match[1]]])
         elif match := _ALIAS.match(statement):
             if match[2] in self.names:
                 self.names[match[1]] = self.names[match[2]]
         elif statement.startswith("del "):
             for name in statement[4:].split(","):
                 self.delete(name.strip())
+
+
+def _scratch(walk: _Walk, output: str, op: str, operands) -> None:
+    """Scratch memory of a CPU fallback kernel while it runs, as
+    memory.workspace_bytes counts it: convolution's output-sized temporary
+    (known at its size assert), convolution backward's copies of its three
+    operands."""
+    if not walk.cpu:
+        return
+    if op == "convolution":
+        walk.scratch_of[output] = op
+    elif op == "convolution_backward":
+        held = sum(walk.sizes.get(walk.names.get(name), 0) for name in operands if name)
+        walk.peak = max(walk.peak, walk.level + held)
 
 
 def _returned_names(statement: str) -> list[str]:

@@ -49,3 +49,30 @@ def test_tangents_are_allocated_for_the_backward():
     code = _BACKWARD.replace("args.clear()", "args.clear()\n"
                              "        assert_size_stride(tangents_1, (4, 8), (8, 1), 'input')")
     assert step_peak(_FORWARD, code).peak_bytes == 512 + 128
+
+
+_CONV_BACKWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, view, tangents_1 = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        buf1 = torch.ops.aten.convolution_backward.default(buf0, view, primals_1, [0])
+        del buf0
+        buf2 = buf1[0]
+        assert_size_stride(buf2, (2, 8), (8, 1), 'torch.ops.aten.convolution_backward.default')
+        buf3 = buf1[1]
+        assert_size_stride(buf3, (4, 8), (8, 1), 'torch.ops.aten.convolution_backward.default')
+        del buf1
+        return (buf2, buf3, )
+"""
+
+
+def test_fallback_outputs_and_convolution_scratch_are_counted():
+    peak = step_peak(_FORWARD, _CONV_BACKWARD)
+    # 256 held + 128 (buf0); while convolution_backward runs it copies
+    # buf0 and the saved view (128 + 128): 640. Its outputs then take
+    # 64 + 128 on top of the 256 held once buf0 is gone.
+    assert peak.peak_bytes == 640
+    code = _CONV_BACKWARD.replace("buf2, (2, 8), (8, 1)", "buf2, (16, 8), (8, 1)")
+    assert step_peak(_FORWARD, code).peak_bytes == 256 + 16 * 8 * 4 + 128

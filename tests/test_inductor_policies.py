@@ -136,7 +136,7 @@ def test_explain_and_pareto_plan_what_the_default_backend_runs(reset_dynamo):
                    fxckpt.pareto(model, *inputs, compiler="eager").runtime_optimal.saved)
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "hf_gpt2", "multi_out_embed",
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "hf_gpt2", "multi_out_embed", "resnet_inplace",
                                   "user_checkpoint",
                                   pytest.param("gpt", marks=pytest.mark.slow),
                                   pytest.param("hf_llama", marks=pytest.mark.slow)])
