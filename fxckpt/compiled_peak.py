@@ -14,14 +14,22 @@ handed on by ``# reuse`` lines without a new allocation, and is freed by
 ``del``. Walking the forward's code, keeping what it returns (saved values
 and outputs), then the backward's code, with its inputs bound to the
 forward's saved values, gives the live bytes after every line and their
-maximum: the step's peak as the allocator sees it, up to scratch memory
-that kernels allocate and free inside themselves (memory.workspace_bytes).
+maximum: the step's peak as the allocator sees it. Scratch memory that
+CPU convolution kernels allocate and free inside themselves is added as
+memory.workspace_bytes counts it; other scratch is not seen. A fallback
+kernel's output is taken as float32 (its assert names no dtype).
 
-This is why the budget promise under Inductor rests on this reading and not
-on modelling the scheduler (which changes with Inductor's heuristics) or on
-constraining it (which would cost fusions): the compiled plan's real peak is
-checked against the budget, and capture.py plans again below the budget by
-the excess where it is over.
+Why read the code rather than model Inductor or constrain it: the gap
+between the FX-level model and the compiled code is not one mechanism.
+On the zoo GPT, refusing horizontal fusion of kernels holding recomputed
+ops (an InductorChoices override) left the measured peak unchanged; the
+extra memory comes from buffers Inductor realizes that the model inlines
+and from the order its lowering gives kernels, and both change with
+Inductor's heuristics and version. Reading the generated code follows them
+all, and constraining the scheduler would cost fusions. So the compiled
+plan's real peak is checked against a byte budget, and capture.py plans
+again below the budget by the excess where it is over, or refuses the
+budget naming the lowest compiled peak it saw.
 """
 
 from __future__ import annotations
