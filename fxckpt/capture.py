@@ -216,6 +216,7 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
     note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "
             f"(the memory model predicted {plan.peak_bytes})")
     planner.replace_plan(mark, replace(plan, peak_bytes=compiled.peak_bytes,
+                                       model_peak_bytes=plan.peak_bytes,
                                        notes=plan.notes + (note,)))
     budget = plan.budget_bytes
     if budget is None or planner.options.budget is None \
