@@ -58,6 +58,9 @@ class Plan:
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
+    # Where peak_bytes was read from the compiled code (fxckpt/compiled_peak.py):
+    # the memory model's figure for the same plan; None otherwise.
+    model_peak_bytes: int | None = None
     offload_bandwidth: float | None = None   # bytes per second one way
 
     def __repr__(self) -> str:
@@ -103,7 +106,9 @@ class Plan:
     def fingerprint(self) -> str:
         """A hex digest of what this plan decides: which values are saved,
         offloaded, recomputed or deferred, each entry's op and bytes, and the
-        predicted saved and peak bytes. Two processes that plan alike get the
+        predicted saved and peak bytes (the memory model's, also where the
+        compiled code's peak replaced it, so a plan is recognised before it
+        is compiled). Two processes that plan alike get the
         same digest: it is sha256 over JSON, not Python's ``hash()`` (salted per
         process for strings), and leaves out timings, the solver's gap and the
         graph id (a per-process counter)."""
@@ -112,7 +117,8 @@ class Plan:
             "recomputed": self.recomputed, "deferred": self.deferred,
             "entries": [(str(e.action), e.name, e.op, e.bytes) for e in self.entries],
             "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
-            "peak_bytes": self.peak_bytes,
+            "peak_bytes": self.peak_bytes if self.model_peak_bytes is None
+            else self.model_peak_bytes,
         }
         text = json.dumps(decided, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
