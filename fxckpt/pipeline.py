@@ -129,7 +129,7 @@ class FrontierPlanner(Planner):
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices)
         problem = problem_for(profile, tags, self.options)
-        optimal = runtime_optimal(problem)
+        optimal = runtime_optimal(problem, fuses=self.options.compiler == "inductor")
         rewritten, timeline = evaluate(optimal)
         graph_id = next(_graph_ids)
         optimal_plan = self._finish(profile, tags, optimal, rewritten, timeline,
@@ -166,7 +166,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)
         return _within_budget(decision, rewritten, timeline, options)
-    optimal = runtime_optimal(problem)
+    optimal = runtime_optimal(problem, fuses=options.compiler == "inductor")
     if options.budget is None:
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:
