@@ -6,6 +6,14 @@ must then save its generator state. Nothing tagged PREFER_SAVE or MUST_SAVE
 (matmuls, convolutions, attention by default) may be recomputed, and nothing
 a user tagged *_RECOMPUTE may be saved. Among cuts of equal bytes, the one
 that recomputes values a default tag would rather recompute wins.
+
+What "costly" means depends on the compiler. Inductor fuses a recomputed
+pointwise op into the backward kernel that reads it, so recomputing it is
+nearly free. Without fusion (``fuses=False``: compiler="eager") each
+recomputed op is a kernel of its own that reads and writes memory: only ops
+that cost nothing (views, aliases, tuple items) are recomputed, besides what
+the user tagged *_RECOMPUTE, so the default plan runs as fast as saving
+everything backward needs.
 """
 
 from __future__ import annotations
@@ -23,11 +31,17 @@ from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 _PREFER_RECOMPUTE_PENALTY = 1.001
 
 
-def runtime_optimal(problem: Problem) -> Decision:
+def runtime_optimal(problem: Problem, *, fuses: bool = True) -> Decision:
     start = time.perf_counter()
+    can_recompute = problem.can_recompute & ~problem.hint_save
+    if not fuses:
+        # A tensor that cannot be saved was tagged MUST_RECOMPUTE (a tuple
+        # that cannot be saved holds no bytes: its items are saved instead).
+        asked = problem.prefer_recompute | (~problem.can_save & (problem.size > 0))
+        can_recompute &= (problem.cost <= 0.0) | asked
     restricted = replace(
         problem,
-        can_recompute=problem.can_recompute & ~problem.hint_save,
+        can_recompute=can_recompute,
         can_save=problem.can_save & ~problem.prefer_recompute)
     save_weight = np.where(problem.hint_recompute,
                            problem.size * _PREFER_RECOMPUTE_PENALTY + 1.0, problem.size)
