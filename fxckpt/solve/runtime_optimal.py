@@ -10,10 +10,12 @@ that recomputes values a default tag would rather recompute wins.
 What "costly" means depends on the compiler. Inductor fuses a recomputed
 pointwise op into the backward kernel that reads it, so recomputing it is
 nearly free. Without fusion (``fuses=False``: compiler="eager") each
-recomputed op is a kernel of its own that reads and writes memory: only ops
-that cost nothing (views, aliases, tuple items) are recomputed, besides what
-the user tagged *_RECOMPUTE, so the default plan runs as fast as saving
-everything backward needs.
+recomputed op is a kernel of its own that reads and writes memory. Then
+only these are recomputed: ops that cost nothing (views, aliases, tuple
+items); pointwise values no reader needs materialised (read only by
+pointwise ops, forward and backward), which torch's partitioner recomputes
+too, so that the plan peaks no higher than torch.compile's default on the
+same runtime at about its step time; and what the user tagged *_RECOMPUTE.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def runtime_optimal(problem: Problem, *, fuses: bool = True) -> Decision:
         # A tensor that cannot be saved was tagged MUST_RECOMPUTE (a tuple
         # that cannot be saved holds no bytes: its items are saved instead).
         asked = problem.prefer_recompute | (~problem.can_save & (problem.size > 0))
-        can_recompute &= (problem.cost <= 0.0) | asked
+        cheap = problem.cost <= 0.0
+        if problem.unmaterialized is not None:
+            cheap = cheap | problem.unmaterialized
+        can_recompute &= cheap | asked
     restricted = replace(
         problem,
         can_recompute=can_recompute,
