@@ -26,7 +26,7 @@ import torch.utils.checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_saved_bytes
-from fxckpt.policies import save_matmuls
+from fxckpt.policies import recompute_all, save_matmuls
 
 try:  # run as package ``tests``
     from tests.harness import assert_bitwise_equal, run_step
@@ -255,22 +255,24 @@ def test_hf_llama_whose_attention_breaks_the_graph(capsys):
     """With gradient checkpointing on, the break inside each checkpointed
     layer makes Dynamo run torch's checkpoint eagerly (torch's fallback);
     the attention regions then leave their activations to it, and fxckpt's
-    gain is in the compiled graphs: at the floor budget they save less than
-    torch's fallback. Without it, the regions are what keeps the attention's
-    activations from being saved in full: even the default plan (which under
-    compiler="eager" recomputes nothing that costs time) saves less than
-    aot_eager, and at the floor less than half."""
+    gain can only be in the compiled graphs: the default plan (under
+    compiler="eager" it recomputes only what torch's partitioner would) saves
+    no more than torch's fallback, and a policy that recomputes what it can
+    saves less. Without it, the regions are what keeps the attention's
+    activations from being saved in full: the default plan saves less than
+    aot_eager, and with that policy less than half."""
     attention = [f"model.model.layers.{i}.self_attn" for i in range(2)]
     model, inputs, loss_fn = _hf_llama(gradient_checkpointing=True)
     reference = run_step(copy.deepcopy(model), inputs, loss_fn)
     compiled = fxckpt.compile(copy.deepcopy(model), compiler="eager")
     assert_bitwise_equal(reference, run_step(compiled, inputs, loss_fn), check_outputs=False)
     assert compiled.fxckpt_report.fallback_modules == attention
-    at_floor = fxckpt.compile(copy.deepcopy(model), compiler="eager", budget=0.0)
-    assert_bitwise_equal(reference, run_step(at_floor, inputs, loss_fn), check_outputs=False)
-    assert at_floor.fxckpt_report.fallback_modules == attention
+    recomputing = fxckpt.compile(copy.deepcopy(model), compiler="eager",
+                                 policy=recompute_all())
+    assert_bitwise_equal(reference, run_step(recomputing, inputs, loss_fn), check_outputs=False)
+    assert recomputing.fxckpt_report.fallback_modules == attention
     default = saved_bytes(compiled, inputs, loss_fn, compiled=True)
-    ours = saved_bytes(at_floor, inputs, loss_fn, compiled=True)
+    ours = saved_bytes(recomputing, inputs, loss_fn, compiled=True)
     torch_fallback = saved_bytes(torch.compile(model, backend="aot_eager"), inputs, loss_fn)
 
     # Without gradient checkpointing, the graph breaks make aot_eager itself
@@ -281,20 +283,20 @@ def test_hf_llama_whose_attention_breaks_the_graph(capsys):
     aot_step = run_step(aot, inputs, loss_fn)
     compiled_plain = fxckpt.compile(copy.deepcopy(plain), compiler="eager")
     assert_bitwise_equal(aot_step, run_step(compiled_plain, inputs, loss_fn), check_outputs=False)
-    plain_floor = fxckpt.compile(plain, compiler="eager", budget=0.0)
-    assert_bitwise_equal(aot_step, run_step(plain_floor, inputs, loss_fn), check_outputs=False)
-    for report in (compiled_plain.fxckpt_report, plain_floor.fxckpt_report):
+    plain_recomputing = fxckpt.compile(plain, compiler="eager", policy=recompute_all())
+    assert_bitwise_equal(aot_step, run_step(plain_recomputing, inputs, loss_fn), check_outputs=False)
+    for report in (compiled_plain.fxckpt_report, plain_recomputing.fxckpt_report):
         assert report.fallback_modules == attention
         assert all(r.saved_bytes for r in report.regions)
     default_plain = saved_bytes(compiled_plain, inputs, loss_fn, compiled=True)
-    ours_plain = saved_bytes(plain_floor, inputs, loss_fn, compiled=True)
+    ours_plain = saved_bytes(plain_recomputing, inputs, loss_fn, compiled=True)
     aot_eager = saved_bytes(aot, inputs, loss_fn, compiled=True)
     with capsys.disabled():
         print(f"\n[hf_llama, gradient checkpointing] saved for backward: fxckpt.compile "
-              f"{default} B (budget=0.0: {ours} B), torch checkpoint fallback (aot_eager) "
+              f"{default} B (recompute_all: {ours} B), torch checkpoint fallback (aot_eager) "
               f"{torch_fallback} B")
         print(f"[hf_llama, no checkpointing] saved for backward: fxckpt.compile "
-              f"{default_plain} B (budget=0.0: {ours_plain} B), aot_eager {aot_eager} B")
-    assert ours < torch_fallback
+              f"{default_plain} B (recompute_all: {ours_plain} B), aot_eager {aot_eager} B")
+    assert default <= torch_fallback and ours < torch_fallback
     assert default_plain < aot_eager
     assert ours_plain < 0.5 * aot_eager
