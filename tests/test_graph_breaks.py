@@ -279,7 +279,10 @@ def test_hf_llama_whose_attention_breaks_the_graph(capsys):
 
     # Without gradient checkpointing, the graph breaks make aot_eager itself
     # differ from eager in the last bits (gradients summed in another order
-    # across graphs); fxckpt.compile matches aot_eager bit for bit.
+    # across graphs); fxckpt.compile matches aot_eager bit for bit. Dynamo
+    # starts afresh: three more compiles of the same layers' code would pass
+    # its recompile limit, and a frame past it runs uncompiled.
+    torch._dynamo.reset()
     plain, inputs, loss_fn = _hf_llama(gradient_checkpointing=False)
     aot = torch.compile(copy.deepcopy(plain), backend="aot_eager")
     aot_step = run_step(aot, inputs, loss_fn)
