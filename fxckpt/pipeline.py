@@ -233,7 +233,7 @@ class FrontierPlanner(Planner):
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         with clock.phase("solve"):
             problem = problem_for(profile, tags, self.options)
-            optimal = runtime_optimal(problem)
+            optimal = runtime_optimal(problem, fuses=self.options.compiler == "inductor")
         rewritten, timeline = evaluate(optimal)
         optimal_plan = self._finish(profile, tags, optimal, rewritten, timeline,
                                     clock=clock, graph_id=graph_id)
@@ -272,7 +272,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)
         return _within_budget(decision, rewritten, timeline, options)
-    optimal = runtime_optimal(problem)
+    optimal = runtime_optimal(problem, fuses=options.compiler == "inductor")
     if options.budget is None:
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:

@@ -78,6 +78,9 @@ class Problem:
     stage_base: np.ndarray            # (stages,)
     stage_names: tuple[str, ...] = field(default=())
     lifetimes: "Lifetimes | None" = field(default=None, repr=False)
+    # Pointwise, not random, and read only by pointwise ops (forward and
+    # backward): no reader needs it materialised. None: not known (all False).
+    unmaterialized: np.ndarray | None = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
     # How torch's own partitioner sees each value (the per-block reference).
     remat: RematClasses | None = field(default=None, repr=False)
@@ -225,6 +228,21 @@ def _agreed(blocks: np.ndarray) -> int:
     return int(found[0]) if len(found) == 1 else -1
 
 
+def _unmaterialized(profile: Profile, forward) -> np.ndarray:
+    """Per forward value: pointwise, not random, and every reader (forward
+    and backward) pointwise too -- what torch's partitioner recomputes when it
+    is free to (a value some reader needs materialised is banned there)."""
+    readers: dict[str, list] = {}
+    for node in profile.nodes.values():
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    return np.array([node.is_pointwise and not node.is_random and bool(readers.get(node.name))
+                     and all(r.is_pointwise for r in readers[node.name])
+                     and node.name not in profile.backward_outputs
+                     and node.name not in profile.forward_outputs
+                     for node in forward], dtype=bool)
+
+
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
                   bandwidth: float | None = None) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
@@ -279,7 +297,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    hint_save=hint_save, hint_recompute=hint_recompute, block=block,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
-                   remat=remat_classes(profile, index), **stages)
+                   remat=remat_classes(profile, index),
+                   unmaterialized=_unmaterialized(profile, forward), **stages)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
