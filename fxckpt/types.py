@@ -58,10 +58,17 @@ class Origin(_Word):
 RNG_STATE_OP = "rng state"
 # A recompute clone in the backward graph is named after the forward value.
 RECOMPUTED_SUFFIX = "_recomputed"
+EARLY_SUFFIX = "_early"
 
 
 def recomputed_name(name: str) -> str:
     return name + RECOMPUTED_SUFFIX
+
+
+def early_recomputed_name(name: str) -> str:
+    """The name of the first of two backward copies of a value recomputed
+    twice (see Decision.recomputed_twice)."""
+    return name + EARLY_SUFFIX + RECOMPUTED_SUFFIX
 
 
 def is_recomputed_name(name: str) -> bool:
@@ -166,3 +173,7 @@ class Decision:
     # Bytes per second one way between device and host that priced offload
     # (None when nothing could be offloaded).
     offload_bandwidth: float | None = None
+    # Recomputed values backward computes twice: an early copy only other
+    # recomputes read (freed once they ran), and a late copy, made just in
+    # time, that backward's own nodes read. A subset of ``recomputed``.
+    recomputed_twice: frozenset[str] = frozenset()

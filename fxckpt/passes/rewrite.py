@@ -14,14 +14,15 @@ In order, with no interleaving:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
-from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
+from fxckpt.types import (BACKWARD, Decision, Profile, early_recomputed_name,
+                          recomputed_name)
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
 from fxckpt.passes.graphs import copy_graph_module, fake_mode_of
@@ -33,7 +34,9 @@ class Rewritten:
     saved: tuple[str, ...]          # forward outputs kept for backward, in order
     rng_states: tuple[str, ...]     # the saved generator states among them
     rng_state_bytes: dict[str, int]  # bytes of each saved generator state
-    clones: dict[str, str]          # recomputed value -> its node in backward
+    clones: dict[str, str]          # recomputed value -> the node backward's own nodes read
+    # value recomputed twice -> its early copy, read only by other recomputes
+    early: dict[str, str] = field(default_factory=dict)
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
@@ -42,7 +45,7 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
     hosts = _offload(graph, by_name, decision.offloaded)
-    clones, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
+    clones, early, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
                                       hosts={by_name[v]: h for v, h in hosts.items()})
     _ensure_topological(graph)
     saved_nodes = [hosts.get(name, by_name[name])
@@ -52,14 +55,15 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     saved_sym = [n for n in saved_nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
     forward, backward = _extract_fwd_bwd_modules(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
-    backward.graph = _schedule_just_in_time(backward.graph, set(clones.values()))
+    backward.graph = _schedule_just_in_time(backward.graph,
+                                            set(clones.values()) | set(early.values()))
     backward.recompile()
     return Rewritten(
         forward=forward, backward=backward,
         saved=tuple(n.name for n in saved_sym + saved_values),
         rng_states=tuple(n.name for n in states),
         rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
-        clones=clones)
+        clones=clones, early=early)
 
 
 def _storage_nbytes(val) -> int:
@@ -92,10 +96,12 @@ def _offload(graph: fx.Graph, by_name: dict[str, fx.Node], offloaded) -> dict[st
 
 def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                      num_fwd_outputs: int, *, hosts: dict[fx.Node, fx.Node]
-                     ) -> tuple[dict[str, str], list[fx.Node]]:
-    """Clone recomputed values in front of the backward; return clone names
-    (reloads of offloaded values among them) and the RNG-state nodes forward
-    must now save. Backward reads an offloaded value through its reload."""
+                     ) -> tuple[dict[str, str], dict[str, str], list[fx.Node]]:
+    """Clone recomputed values in front of the backward; return the names of
+    the clones backward reads (reloads of offloaded values among them), of
+    the early copies of values recomputed twice, and the RNG-state nodes
+    forward must now save. Backward reads an offloaded value through its
+    reload."""
     order = [n for n in graph.nodes if n.name in decision.recomputed]
     first_backward = next(
         (n for n in graph.nodes
@@ -110,32 +116,112 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                                        name=f"{value.name}_reloaded")
         reload.meta = dict(value.meta)
         clone_of[value] = reload
-    states: list[fx.Node] = []
-    for node in order:
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                       lambda a: clone_of.get(a, a))
-        name = recomputed_name(node.name)
-        with graph.inserting_before(first_backward):
-            if profile.nodes[node.name].is_random:
-                state, forward_value = rng.save_rng_state_in_forward(graph, node)
-                clone = rng.replay_call(graph, node, state, args, kwargs, name)
-                states.append(state)
-                # Forward users now read ``forward_value``; clones of them must
-                # read the replay instead.
-                clone_of[forward_value] = clone
-            else:
-                clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
-                clone.meta = dict(node.meta)
-        clone_of[node] = clone
+    late_of, states = _emit_clones(graph, profile, order, decision.recomputed_twice,
+                                   clone_of, before=first_backward)
+    read_by_backward = {**clone_of, **late_of}
     for node in list(graph.nodes):
         if node.op == "output" or profile.nodes.get(node.name, None) is None:
             continue
         if profile.nodes[node.name].phase == BACKWARD:
-            for original in [i for i in node.all_input_nodes if i in clone_of]:
-                node.replace_input_with(original, clone_of[original])
-    _point_backward_outputs_at_clones(graph, num_fwd_outputs, clone_of)
-    clone_names = {orig.name: c.name for orig, c in clone_of.items()}
-    return clone_names, states
+            for original in [i for i in node.all_input_nodes if i in read_by_backward]:
+                node.replace_input_with(original, read_by_backward[original])
+    _point_backward_outputs_at_clones(graph, num_fwd_outputs, read_by_backward)
+    clone_names = {orig.name: c.name for orig, c in read_by_backward.items()}
+    early_names = {orig.name: clone_of[orig].name for orig in late_of}
+    return clone_names, early_names, states
+
+
+def _emit_clones(graph: fx.Graph, profile: Profile, order: list[fx.Node], twice,
+                 clone_of: dict[fx.Node, fx.Node], *, before: fx.Node):
+    """Clone each recomputed node in front of ``before``. ``clone_of`` (filled
+    in place) maps a value to what other recomputes read; for a value in
+    ``twice`` that is its early copy, and the returned ``late_of`` maps it
+    to the late copy backward reads. A late copy reads late copies of its
+    inputs where they have one, so no early copy is held for backward. A
+    value with one copy reads an input's early copy where it is needed
+    before that input's late copy is (see ``_first_needs``). Both
+    copies of a random op replay the one saved state: they are equal."""
+    late_of: dict[fx.Node, fx.Node] = {}
+    states: list[fx.Node] = []
+    fake_mode = fake_mode_of(graph) if twice else None
+    need, split = _first_needs(profile, order, twice)
+    for node in order:
+        early_args = fx.node.map_arg((node.args, node.kwargs), lambda a: clone_of.get(a, a))
+        late_args = fx.node.map_arg((node.args, node.kwargs),
+                                    lambda a: late_of.get(a, clone_of.get(a, a)))
+        one_args = fx.node.map_arg(
+            (node.args, node.kwargs),
+            lambda a: clone_of.get(a, a) if need[node] < split.get(a, 0)
+            else late_of.get(a, clone_of.get(a, a)))
+        copies = [(early_args, early_recomputed_name(node.name)),
+                  (late_args, recomputed_name(node.name))] if node.name in twice \
+            else [(one_args, recomputed_name(node.name))]
+        made = []
+        with graph.inserting_before(before):
+            state = forward_value = None
+            if profile.nodes[node.name].is_random:
+                state, forward_value = rng.save_rng_state_in_forward(graph, node)
+                states.append(state)
+                if node in split:
+                    split[forward_value] = split[node]
+            for (args, kwargs), name in copies:
+                if state is not None:
+                    made.append(rng.replay_call(graph, node, state, args, kwargs, name))
+                else:
+                    clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
+                    clone.meta = dict(node.meta)
+                    made.append(clone)
+        if len(made) == 2:
+            # The two copies are two allocations: the early one gets values
+            # of its own, so the memory model frees it on its own.
+            made[0].meta = {**node.meta, "val": _fresh_value(fake_mode, node, *early_args)}
+        # Forward users of a random op now read ``forward_value``; clones of
+        # them must read the replay instead.
+        for original in (node, forward_value) if forward_value is not None else (node,):
+            clone_of[original] = made[0]
+            if len(made) == 2:
+                late_of[original] = made[1]
+    return late_of, states
+
+
+def _first_needs(profile: Profile, order: list[fx.Node], twice):
+    """When backward first needs each recomputed node (the index of the
+    first backward node reading it, directly or through other recomputes),
+    and, for each value in ``twice``, the index from which its late copy
+    serves: the first backward node reading it or the late copy of a
+    recomputed reader with two copies. Needs before that are the early copy's."""
+    recomputed = set(order)
+    backward = [name for name, node in profile.nodes.items() if node.phase == BACKWARD]
+    at = {name: k for k, name in enumerate(backward)}
+    end = len(backward)
+    need = {node: min((at[u.name] for u in node.users if u.name in at), default=end)
+            for node in order}
+    split = {node: need[node] for node in order if node.name in twice}
+    for node in reversed(order):
+        for user in node.users:
+            if user in recomputed:
+                need[node] = min(need[node], need[user])
+                if node in split and user in split:
+                    split[node] = min(split[node], split[user])
+    return need, split
+
+
+def _fresh_value(fake_mode, node: fx.Node, args, kwargs):
+    """``node``'s value computed again from the values of ``args``: new
+    storages, and views of its inputs' storages where the op is a view."""
+    def value(a):
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    args, kwargs = fx.node.map_arg((args, kwargs), value)
+    try:
+        with fake_mode:
+            return node.target(*args, **kwargs)
+    except Exception:  # an op fake tensors cannot run: a fresh allocation
+        with fake_mode:
+            return pytree.tree_map_only(
+                torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                            device=t.device),
+                node.meta.get("val"))
 
 
 def _ensure_topological(graph: fx.Graph) -> None:
