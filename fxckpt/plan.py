@@ -59,6 +59,8 @@ class Plan:
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
     offload_bandwidth: float | None = None   # bytes per second one way
+    # Recomputed values backward computes twice (Decision.recomputed_twice).
+    recomputed_twice: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
@@ -110,6 +112,7 @@ class Plan:
         decided = {
             "saved": self.saved, "offloaded": self.offloaded,
             "recomputed": self.recomputed, "deferred": self.deferred,
+            "recomputed_twice": self.recomputed_twice,
             "entries": [(str(e.action), e.name, e.op, e.bytes) for e in self.entries],
             "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
             "peak_bytes": self.peak_bytes,
@@ -138,7 +141,11 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     entries += [PlanEntry(name, Action.SAVED, RNG_STATE_OP, rewritten.rng_state_bytes[name], 0.0, 0,
                           "-", "generator state a recomputed random op replays", "")
                 for name in rewritten.rng_states]
+    twice = tuple(n for n in recomputed if n in decision.recomputed_twice)
     notes = []
+    if twice:
+        notes.append(f"{len(twice)} value(s) recomputed twice: once early for other "
+                     "recomputes, freed, and again just before backward reads them")
     if rewritten.rng_states:
         notes.append(f"{len(rewritten.rng_states)} random op(s) recomputed with their "
                      "RNG state replayed")
@@ -154,8 +161,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         offload_bandwidth=decision.offload_bandwidth,
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
-        recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
-        recompute_cost=sum(profile.nodes[n].cost for n in recomputed),
+        recompute_flops=sum(profile.nodes[n].flops for n in recomputed + twice),
+        recompute_cost=sum(profile.nodes[n].cost for n in recomputed + twice),
+        recomputed_twice=twice,
         solver=decision.solver,
         solve_seconds=decision.solve_seconds,
         budget_bytes=budget_bytes,

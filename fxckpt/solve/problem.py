@@ -114,10 +114,14 @@ class Problem:
         plan without a budget follows a PREFER_CPU_OFFLOAD answer."""
         return saved & self.can_offload
 
-    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> float:
-        """Seconds a plan adds to a step: recompute, plus transfers for
-        offloaded values (priced as if no copy overlapped compute)."""
+    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None, *,
+                  twice: np.ndarray | None = None) -> float:
+        """Seconds a plan adds to a step: recompute (a value recomputed
+        twice, twice), plus transfers for offloaded values (priced as if no
+        copy overlapped compute)."""
         extra = float(self.transfer[offloaded].sum()) if offloaded is not None else 0.0
+        if twice is not None:
+            extra += self.recompute_cost(twice)
         return self.recompute_cost(recomputed) + extra
 
     def refined(self, recomputed: np.ndarray) -> "Problem":
