@@ -59,8 +59,9 @@ class Plan:
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
     offload_bandwidth: float | None = None   # bytes per second one way
-    # Recomputed values backward computes twice (Decision.recomputed_twice).
-    recomputed_twice: tuple[str, ...] = ()
+    # Recomputed values backward computes more than once, with how many
+    # times (Decision.again).
+    recomputed_again: tuple[tuple[str, int], ...] = ()
 
     def __repr__(self) -> str:
         return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
@@ -112,7 +113,7 @@ class Plan:
         decided = {
             "saved": self.saved, "offloaded": self.offloaded,
             "recomputed": self.recomputed, "deferred": self.deferred,
-            "recomputed_twice": self.recomputed_twice,
+            "recomputed_again": self.recomputed_again,
             "entries": [(str(e.action), e.name, e.op, e.bytes) for e in self.entries],
             "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
             "peak_bytes": self.peak_bytes,
@@ -141,11 +142,14 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     entries += [PlanEntry(name, Action.SAVED, RNG_STATE_OP, rewritten.rng_state_bytes[name], 0.0, 0,
                           "-", "generator state a recomputed random op replays", "")
                 for name in rewritten.rng_states]
-    twice = tuple(n for n in recomputed if n in decision.recomputed_twice)
+    steps = dict(decision.again)
+    again = tuple((n, 1 + len(steps[n])) for n in recomputed if n in steps)
+    extra = [n for n, times in again for _ in range(times - 1)]
     notes = []
-    if twice:
-        notes.append(f"{len(twice)} value(s) recomputed twice: once early for other "
-                     "recomputes, freed, and again just before backward reads them")
+    if again:
+        notes.append(f"{len(again)} value(s) recomputed more than once ({len(extra)} extra "
+                     "copies): a copy is freed after an idle stretch and made again "
+                     "when backward next needs it")
     if rewritten.rng_states:
         notes.append(f"{len(rewritten.rng_states)} random op(s) recomputed with their "
                      "RNG state replayed")
@@ -161,9 +165,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         offload_bandwidth=decision.offload_bandwidth,
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
-        recompute_flops=sum(profile.nodes[n].flops for n in recomputed + twice),
-        recompute_cost=sum(profile.nodes[n].cost for n in recomputed + twice),
-        recomputed_twice=twice,
+        recompute_flops=sum(profile.nodes[n].flops for n in (*recomputed, *extra)),
+        recompute_cost=sum(profile.nodes[n].cost for n in (*recomputed, *extra)),
+        recomputed_again=again,
         solver=decision.solver,
         solve_seconds=decision.solve_seconds,
         budget_bytes=budget_bytes,

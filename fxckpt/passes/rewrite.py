@@ -14,6 +14,7 @@ In order, with no interleaving:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 
-from fxckpt.types import (BACKWARD, Decision, Profile, early_recomputed_name,
+from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
@@ -35,8 +36,8 @@ class Rewritten:
     rng_states: tuple[str, ...]     # the saved generator states among them
     rng_state_bytes: dict[str, int]  # bytes of each saved generator state
     clones: dict[str, str]          # recomputed value -> the node backward's own nodes read
-    # value recomputed twice -> its early copy, read only by other recomputes
-    early: dict[str, str] = field(default_factory=dict)
+    # value recomputed more than once -> its copies before the last, in order
+    earlier: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
@@ -45,7 +46,7 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
     hosts = _offload(graph, by_name, decision.offloaded)
-    clones, early, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
+    clones, earlier, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
                                       hosts={by_name[v]: h for v, h in hosts.items()})
     _ensure_topological(graph)
     saved_nodes = [hosts.get(name, by_name[name])
@@ -56,14 +57,15 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     forward, backward = _extract_fwd_bwd_modules(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
     backward.graph = _schedule_just_in_time(backward.graph,
-                                            set(clones.values()) | set(early.values()))
+                                            set(clones.values())
+                                            | {c for made in earlier.values() for c in made})
     backward.recompile()
     return Rewritten(
         forward=forward, backward=backward,
         saved=tuple(n.name for n in saved_sym + saved_values),
         rng_states=tuple(n.name for n in states),
         rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
-        clones=clones, early=early)
+        clones=clones, earlier=earlier)
 
 
 def _storage_nbytes(val) -> int:
@@ -96,12 +98,12 @@ def _offload(graph: fx.Graph, by_name: dict[str, fx.Node], offloaded) -> dict[st
 
 def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                      num_fwd_outputs: int, *, hosts: dict[fx.Node, fx.Node]
-                     ) -> tuple[dict[str, str], dict[str, str], list[fx.Node]]:
+                     ) -> tuple[dict[str, str], dict[str, tuple[str, ...]], list[fx.Node]]:
     """Clone recomputed values in front of the backward; return the names of
-    the clones backward reads (reloads of offloaded values among them), of
-    the early copies of values recomputed twice, and the RNG-state nodes
-    forward must now save. Backward reads an offloaded value through its
-    reload."""
+    their last copies (reloads of offloaded values among them), of the
+    earlier copies of values recomputed more than once, and the RNG-state
+    nodes forward must now save. Backward reads an offloaded value through
+    its reload."""
     order = [n for n in graph.nodes if n.name in decision.recomputed]
     first_backward = next(
         (n for n in graph.nodes
@@ -116,94 +118,98 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                                        name=f"{value.name}_reloaded")
         reload.meta = dict(value.meta)
         clone_of[value] = reload
-    late_of, states = _emit_clones(graph, profile, order, decision.recomputed_twice,
-                                   clone_of, before=first_backward)
-    read_by_backward = {**clone_of, **late_of}
+    copies, states = _emit_copies(graph, profile, order, dict(decision.again), clone_of,
+                                  before=first_backward)
+    at = _backward_steps(profile)
+    last = {**clone_of, **{value: made[-1][1] for value, made in copies.items()}}
     for node in list(graph.nodes):
         if node.op == "output" or profile.nodes.get(node.name, None) is None:
             continue
         if profile.nodes[node.name].phase == BACKWARD:
-            for original in [i for i in node.all_input_nodes if i in read_by_backward]:
-                node.replace_input_with(original, read_by_backward[original])
-    _point_backward_outputs_at_clones(graph, num_fwd_outputs, read_by_backward)
-    clone_names = {orig.name: c.name for orig, c in read_by_backward.items()}
-    early_names = {orig.name: clone_of[orig].name for orig in late_of}
-    return clone_names, early_names, states
+            step = at[node.name]
+            for original in [i for i in node.all_input_nodes if i in last]:
+                node.replace_input_with(original, _pick(original, step, copies, clone_of))
+    _point_backward_outputs_at_clones(graph, num_fwd_outputs, last)
+    clone_names = {orig.name: c.name for orig, c in last.items()}
+    earlier = {orig.name: tuple(c.name for _, c in made[:-1])
+               for orig, made in copies.items() if len(made) > 1}
+    return clone_names, earlier, states
 
 
-def _emit_clones(graph: fx.Graph, profile: Profile, order: list[fx.Node], twice,
+def _backward_steps(profile: Profile) -> dict[str, int]:
+    """Each backward node's index among backward nodes, in graph order: the
+    steps Decision.again names."""
+    backward = [name for name, node in profile.nodes.items() if node.phase == BACKWARD]
+    return {name: k for k, name in enumerate(backward)}
+
+
+def _pick(value: fx.Node, step: float, copies, clone_of) -> fx.Node:
+    """What a reader needing ``value`` at backward ``step`` reads: the last
+    copy begun by then (the one clone, or a reload, for other values)."""
+    if value not in copies:
+        return clone_of.get(value, value)
+    made = copies[value]
+    starts = [start for start, _ in made]
+    return made[max(bisect.bisect_right(starts, step) - 1, 0)][1]
+
+
+def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again: dict,
                  clone_of: dict[fx.Node, fx.Node], *, before: fx.Node):
-    """Clone each recomputed node in front of ``before``. ``clone_of`` (filled
-    in place) maps a value to what other recomputes read; for a value in
-    ``twice`` that is its early copy, and the returned ``late_of`` maps it
-    to the late copy backward reads. A late copy reads late copies of its
-    inputs where they have one, so no early copy is held for backward. A
-    value with one copy reads an input's early copy where it is needed
-    before that input's late copy is (see ``_first_needs``). Both
-    copies of a random op replay the one saved state: they are equal."""
-    late_of: dict[fx.Node, fx.Node] = {}
+    """Clone each recomputed node in front of ``before``, once, or once per
+    step range where ``again`` names steps for it. Returns value -> [(first
+    step served, copy)], and the generator states forward must save. A copy
+    reads, of each input, the copy serving the step it starts at, so that
+    the schedule can free an earlier copy once its readers ran. All copies
+    of a random op replay the one saved state: they are equal."""
+    need = _first_needs(profile, order)
+    fake_mode = fake_mode_of(graph) if again else None
+    copies: dict[fx.Node, list[tuple[float, fx.Node]]] = {}
     states: list[fx.Node] = []
-    fake_mode = fake_mode_of(graph) if twice else None
-    need, split = _first_needs(profile, order, twice)
     for node in order:
-        early_args = fx.node.map_arg((node.args, node.kwargs), lambda a: clone_of.get(a, a))
-        late_args = fx.node.map_arg((node.args, node.kwargs),
-                                    lambda a: late_of.get(a, clone_of.get(a, a)))
-        one_args = fx.node.map_arg(
-            (node.args, node.kwargs),
-            lambda a: clone_of.get(a, a) if need[node] < split.get(a, 0)
-            else late_of.get(a, clone_of.get(a, a)))
-        copies = [(early_args, early_recomputed_name(node.name)),
-                  (late_args, recomputed_name(node.name))] if node.name in twice \
-            else [(one_args, recomputed_name(node.name))]
+        starts = [need[node], *(s for s in again.get(node.name, ()) if s > need[node])]
+        # Read before a random op is replaced in forward (which clears them).
+        node_args, node_kwargs = node.args, node.kwargs
         made = []
         with graph.inserting_before(before):
             state = forward_value = None
             if profile.nodes[node.name].is_random:
                 state, forward_value = rng.save_rng_state_in_forward(graph, node)
                 states.append(state)
-                if node in split:
-                    split[forward_value] = split[node]
-            for (args, kwargs), name in copies:
+            for j, start in enumerate(starts):
+                args, kwargs = fx.node.map_arg(
+                    (node_args, node_kwargs), lambda a: _pick(a, start, copies, clone_of))
+                name = recomputed_name(node.name) if j == len(starts) - 1 \
+                    else copy_recomputed_name(node.name, j)
                 if state is not None:
-                    made.append(rng.replay_call(graph, node, state, args, kwargs, name))
+                    clone = rng.replay_call(graph, node, state, args, kwargs, name)
                 else:
                     clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
                     clone.meta = dict(node.meta)
-                    made.append(clone)
-        if len(made) == 2:
-            # The two copies are two allocations: the early one gets values
-            # of its own, so the memory model frees it on its own.
-            made[0].meta = {**node.meta, "val": _fresh_value(fake_mode, node, *early_args)}
+                if j < len(starts) - 1:
+                    # Copies are allocations of their own: the memory model
+                    # frees each on its own.
+                    clone.meta = {**node.meta, "val": _fresh_value(fake_mode, node, args, kwargs)}
+                made.append((start, clone))
         # Forward users of a random op now read ``forward_value``; clones of
         # them must read the replay instead.
         for original in (node, forward_value) if forward_value is not None else (node,):
-            clone_of[original] = made[0]
-            if len(made) == 2:
-                late_of[original] = made[1]
-    return late_of, states
+            copies[original] = made
+    return copies, states
 
 
-def _first_needs(profile: Profile, order: list[fx.Node], twice):
-    """When backward first needs each recomputed node (the index of the
-    first backward node reading it, directly or through other recomputes),
-    and, for each value in ``twice``, the index from which its late copy
-    serves: the first backward node reading it or the late copy of a
-    recomputed reader with two copies. Needs before that are the early copy's."""
+def _first_needs(profile: Profile, order: list[fx.Node]) -> dict[fx.Node, float]:
+    """The first backward step needing each recomputed node: reading it, or
+    a recomputed node that backward needs (then its first copy is made)."""
     recomputed = set(order)
-    backward = [name for name, node in profile.nodes.items() if node.phase == BACKWARD]
-    at = {name: k for k, name in enumerate(backward)}
-    end = len(backward)
+    at = _backward_steps(profile)
+    end = len(at)
     need = {node: min((at[u.name] for u in node.users if u.name in at), default=end)
             for node in order}
-    split = {node: need[node] for node in order if node.name in twice}
     for node in reversed(order):
         for user in node.users:
             if user in recomputed:
                 need[node] = min(need[node], need[user])
-                if node in split and user in split:
-                    split[node] = min(split[node], split[user])
-    return need, split
+    return need
 
 
 def _fresh_value(fake_mode, node: fx.Node, args, kwargs):

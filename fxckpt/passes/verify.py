@@ -15,9 +15,11 @@ from fxckpt.ops import is_random
 def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) -> None:
     problems = []
     both = decision.saved & decision.recomputed
-    stray = decision.recomputed_twice - decision.recomputed
-    if stray:
-        problems.append(f"values recomputed twice but not recomputed: {sorted(stray)}")
+    for name, steps in decision.again:
+        if name not in decision.recomputed:
+            problems.append(f"{name} is to be recomputed again but is not recomputed")
+        if list(steps) != sorted(set(steps)) or not steps:
+            problems.append(f"{name}: the steps of its copies {steps} are not increasing")
     if both:
         problems.append(f"values both saved and recomputed: {sorted(both)}")
     for name in decision.recomputed:
@@ -67,27 +69,22 @@ def verify_rewrite(profile: Profile, rewritten: Rewritten) -> None:
     for node in fw.nodes:
         if is_recomputed_name(node.name) or node.target is run_with_rng_state:
             problems.append(f"forward contains recompute node {node.name}")
-    problems += _twice_problems(bw, rewritten)
+    problems += _copy_problems(bw, rewritten)
     _raise(problems, "rewrite")
 
 
-def _twice_problems(bw, rewritten: Rewritten) -> list[str]:
-    """A value recomputed twice: only recomputes read its early copy, and
-    both copies of a random op replay the same generator state."""
+def _copy_problems(bw, rewritten: Rewritten) -> list[str]:
+    """A value recomputed more than once: only recomputes and backward read
+    its copies, and all copies of a random op replay the same state."""
     problems = []
     by_name = {node.name: node for node in bw.nodes}
-    recompute_nodes = set(rewritten.clones.values()) | set(rewritten.early.values())
-    for value, early_name in rewritten.early.items():
-        early, late = by_name.get(early_name), by_name.get(rewritten.clones[value])
-        if early is None:
-            continue    # nothing needed it early: dropped
-        for user in early.users:
-            if user.name not in recompute_nodes:
-                problems.append(f"backward node {user.name} reads {early_name}, the early "
-                                f"copy of {value}, instead of its late copy")
-        if early.target is run_with_rng_state and late is not None \
-                and early.args[0] is not late.args[0]:
-            problems.append(f"the two copies of random {value} replay different states")
+    for value, earlier in rewritten.earlier.items():
+        made = [by_name[name] for name in (*earlier, rewritten.clones[value]) if name in by_name]
+        states = {node.args[0] for node in made if node.target is run_with_rng_state}
+        if len(states) > 1:
+            problems.append(f"the copies of random {value} replay different states")
+        if len(made) > 1 and any(node.target is not made[0].target for node in made):
+            problems.append(f"the copies of {value} run different ops")
     return problems
 
 

@@ -29,7 +29,7 @@ from fxckpt.solve.baselines import per_block, recompute_all, sqrt_segments
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
-from fxckpt.solve.twice import held_early
+from fxckpt.solve.again import copy_steps
 
 # solver="auto" uses the exact ILP up to this many forward values.
 ILP_MAX_VALUES = 400
@@ -42,11 +42,11 @@ _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
-# Recomputing twice: how many of the lowest plans it starts from, and the
-# least distance (a fraction of backward) between a value's early and late
-# needs for it to get two copies.
-_TWICE_BASES = 2
-_TWICE_SPANS = (0.0, 0.05, 0.15, 0.3)
+# Recomputing again: how many of the lowest plans it starts from, and the
+# idle stretches (fractions of backward's steps) after which a value is
+# recomputed again rather than held.
+_AGAIN_BASES = 2
+_AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 
 
 class Timeline(Protocol):
@@ -143,29 +143,30 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         if stalls >= _STALLS_BEFORE_STOP:
             break
     found += _below_lowest(solved, min(c.peak for c in found))
-    found += _recomputed_twice(problem, candidate, found)
+    found += _recomputed_again(problem, candidate, found)
     return _non_dominated(found)
 
 
-def _recomputed_twice(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
-    """Plans below the lowest peak found, where some recomputed values of
-    the lowest plans are recomputed twice (solve/twice.py). Each is checked
-    by the exact memory model; only those below the single-recompute floor
-    are kept: they recompute more than the plans they start from."""
+def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+    """Plans below the lowest peak found, where the lowest plans recompute
+    values again after idle stretches (solve/again.py), for a sweep of
+    stretch lengths. Each is checked by the exact memory model; only those
+    below the single-recompute floor are kept: they cost more recompute than
+    the plans they start from."""
     lowest = min(c.peak for c in found)
-    bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_TWICE_BASES]
+    bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     for base in bases:
         recomputed = _mask(problem, base.decision.recomputed)
-        for span in _TWICE_SPANS:
-            twice = frozenset(problem.names[i]
-                              for i in np.flatnonzero(held_early(problem, recomputed, span)))
-            if not twice or (base.decision.recomputed, twice) in tried:
+        for fraction in _AGAIN_GAPS:
+            again = tuple(sorted((problem.names[i], s) for i, s in
+                                 copy_steps(problem, recomputed, fraction).items()))
+            if not again or (base.decision.recomputed, again) in tried:
                 continue
-            tried.add((base.decision.recomputed, twice))
-            made = candidate(replace(base.decision, recomputed_twice=twice,
-                                     solver=f"{base.decision.solver}+twice"))
+            tried.add((base.decision.recomputed, again))
+            made = candidate(replace(base.decision, again=again,
+                                     solver=f"{base.decision.solver}+again"))
             if made.peak < lowest:
                 kept.append(made)
     return kept
@@ -216,7 +217,13 @@ def _cost(problem: Problem, decision: Decision) -> float:
     """Seconds the plan adds: recompute and offload transfers."""
     return problem.plan_cost(_mask(problem, decision.recomputed),
                              _mask(problem, decision.offloaded),
-                             twice=_mask(problem, decision.recomputed_twice))
+                             copies=_copies(problem, decision))
+
+
+def _copies(problem: Problem, decision: Decision) -> np.ndarray:
+    """How many times backward computes each value (1 where it does not)."""
+    steps = dict(decision.again)
+    return np.array([1 + len(steps.get(name, ())) for name in problem.names])
 
 
 def _mask(problem: Problem, names) -> np.ndarray:

@@ -115,13 +115,14 @@ class Problem:
         return saved & self.can_offload
 
     def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None, *,
-                  twice: np.ndarray | None = None) -> float:
-        """Seconds a plan adds to a step: recompute (a value recomputed
-        twice, twice), plus transfers for offloaded values (priced as if no
-        copy overlapped compute)."""
+                  copies: np.ndarray | None = None) -> float:
+        """Seconds a plan adds to a step: recompute (``copies``: how many
+        times backward computes each value, where more than once), plus
+        transfers for offloaded values (priced as if no copy overlapped
+        compute)."""
         extra = float(self.transfer[offloaded].sum()) if offloaded is not None else 0.0
-        if twice is not None:
-            extra += self.recompute_cost(twice)
+        if copies is not None:
+            extra += float(self.cost @ np.maximum(copies - 1, 0))
         return self.recompute_cost(recomputed) + extra
 
     def refined(self, recomputed: np.ndarray) -> "Problem":
@@ -330,12 +331,14 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     last_fwd = np.arange(n)
     first_bwd = np.full(n, len(backward))
     last_bwd = np.full(n, -1)
+    reads: list[list[int]] = [[] for _ in range(n)]
     for node in nodes:
         for parent in node.inputs:
             if parent not in index:
                 continue
             i = index[parent]
             if node.phase == BACKWARD:
+                reads[i].append(bwd_pos[node.name])
                 first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
                 last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
             else:
@@ -372,7 +375,8 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     return dict(
         stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
         stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
-        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages))
+        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
+                            tuple(np.unique(np.array(r, dtype=np.int64)) for r in reads)))
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,7 @@ class Lifetimes:
     is_owner: np.ndarray
     last_bwd: np.ndarray         # last backward step reading the storage (-1 if none)
     stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
+    reads: tuple = ()            # backward steps reading each value directly, ascending
 
     def recompute_rows(self, parents, through: np.ndarray) -> np.ndarray:
         n = len(self.first_bwd)
