@@ -34,24 +34,47 @@ def copy_steps(problem: Problem, recomputed: np.ndarray, gap: float
     """For each recomputed value needed again more than ``gap`` (a fraction
     of backward's steps) after its previous need, the steps its later
     copies start at."""
+    return {i: tuple(s[1:]) for i, s in copy_starts(problem, recomputed, gap).items()
+            if len(s) > 1}
+
+
+def copy_starts(problem: Problem, recomputed: np.ndarray, gap: float
+                ) -> dict[int, list[int]]:
+    """For each recomputed value backward needs, the steps its copies start
+    at, the first need first. Its needs are the steps that read it and the
+    starts of the copies of its recomputed readers."""
     lifetimes = problem.lifetimes
     if lifetimes is None or not len(lifetimes.reads):
         return {}
     gap *= max((int(r[-1]) for r in lifetimes.reads if len(r)), default=0)
+    users = recomputed_users(problem, recomputed)
+    starts: dict[int, list[int]] = {}
+    for i in range(problem.n - 1, -1, -1):
+        if recomputed[i]:
+            needs = needs_of(problem, users, i, starts)
+            if needs:
+                starts[i] = _grouped(needs, gap)
+    return starts
+
+
+def needs_of(problem: Problem, users: list[list[int]], i: int,
+             starts: dict[int, list[int]]) -> list[int]:
+    """The backward steps needing value ``i``, ascending, given the copy
+    starts of its recomputed readers ``users[i]``."""
+    needs = set(problem.lifetimes.reads[i].tolist())
+    for user in users[i]:
+        needs.update(starts.get(user, ()))
+    return sorted(needs)
+
+
+def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]]:
+    """The recomputed readers of each value."""
     users: list[list[int]] = [[] for _ in range(problem.n)]
     for i, parents in enumerate(problem.parents):
         if recomputed[i]:
             for j in np.unique(parents):
                 users[j].append(i)
-    starts: dict[int, list[int]] = {}
-    for i in range(problem.n - 1, -1, -1):
-        if not recomputed[i]:
-            continue
-        needs = set(lifetimes.reads[i].tolist())
-        for user in users[i]:
-            needs.update(starts[user])
-        starts[i] = _grouped(sorted(needs), gap)
-    return {i: tuple(s[1:]) for i, s in starts.items() if len(s) > 1}
+    return users
 
 
 def _grouped(needs: list[int], gap: float) -> list[int]:
