@@ -106,18 +106,20 @@ class Plan:
     def fingerprint(self) -> str:
         """A hex digest of what this plan decides: which values are saved,
         offloaded, recomputed or deferred, each entry's op and bytes, and the
-        predicted saved and peak bytes. Two processes that plan alike get the
+        predicted saved and peak bytes, and the values recomputed more than
+        once, where there are any. Two processes that plan alike get the
         same digest: it is sha256 over JSON, not Python's ``hash()`` (salted per
         process for strings), and leaves out timings, the solver's gap and the
         graph id (a per-process counter)."""
         decided = {
             "saved": self.saved, "offloaded": self.offloaded,
             "recomputed": self.recomputed, "deferred": self.deferred,
-            "recomputed_again": self.recomputed_again,
             "entries": [(str(e.action), e.name, e.op, e.bytes) for e in self.entries],
             "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
             "peak_bytes": self.peak_bytes,
         }
+        if self.recomputed_again:
+            decided["recomputed_again"] = self.recomputed_again
         text = json.dumps(decided, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -244,6 +246,8 @@ def merge_plans(plans: list[Plan]) -> Plan:
     return Plan(
         saved=names("saved"), recomputed=names("recomputed"), deferred=names("deferred"),
         offloaded=names("offloaded"),
+        recomputed_again=tuple((f"g{p.graph_id}.{n}", times) for p in plans
+                               for n, times in p.recomputed_again),
         saved_bytes=sum(p.saved_bytes for p in plans),
         offloaded_bytes=sum(p.offloaded_bytes for p in plans),
         peak_bytes=peak, peak_at=peak_at,
