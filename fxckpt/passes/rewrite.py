@@ -10,6 +10,12 @@ In order, with no interleaving:
 4. schedule backward so each clone runs just before its first use, and drop
    anything backward does not need. FX's code generator frees every value
    after its last use, so a recomputed value lives only as long as it must.
+
+A value the decision recomputes again (Decision.again) gets one clone per
+range of backward steps; what needs it within a range reads that range's
+copy, so an earlier copy is freed once its readers ran and the value is
+made again when backward next needs it. The copies of a random op replay
+the one saved generator state, so they are equal.
 """
 
 from __future__ import annotations

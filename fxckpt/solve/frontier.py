@@ -8,6 +8,11 @@ join in. The plans no other plan beats on both exact peak and time cost
 (recompute, plus transfers where values are offloaded) form the frontier. A budget then takes the cheapest frontier plan whose
 exact peak fits it.
 
+Below the lowest peak single recomputation reaches, the lowest plans are
+tried again with values recomputed more than once (solve/again.py): each
+such plan is kept only where its exact peak is lower still, so the frontier
+above that floor is what it would be without them.
+
 Because the frontier does not depend on the budget:
 * a larger budget never costs more recompute, and never yields a lower
   peak (along a frontier, cheaper means more memory);
