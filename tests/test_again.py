@@ -21,7 +21,8 @@ import fxckpt.options
 import fxckpt.pipeline
 import fxckpt.solve.frontier as frontier
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.errors import BudgetError
+from fxckpt.errors import BudgetError, PlanError
+from fxckpt.passes.verify import verify_decision
 from fxckpt.solve.again import copy_starts, copy_steps, needs_of, recomputed_users
 from fxckpt.solve.baselines import recompute_all
 from fxckpt.solve.problem import build_problem
@@ -202,3 +203,16 @@ def test_floor_below_single_recompute_and_per_block_on_gpt_at_256(monkeypatch, r
           f"ratio {ratio:.3f}; predicted floor {floor} B, single-recompute floor "
           f"{single_floor} B")
     assert ratio < 1.0
+
+
+def test_verify_refuses_copies_of_a_value_not_recomputed():
+    profile, tags = random_profile(3)
+    problem = build_problem(profile, tags)
+    decision = recompute_all(problem)
+    saved = sorted(decision.saved)[0]
+    recomputed = sorted(decision.recomputed)[0]
+    verify_decision(profile, tags, replace(decision, again=((recomputed, (5, 9)),)))
+    with pytest.raises(PlanError, match="recomputed again but is not recomputed"):
+        verify_decision(profile, tags, replace(decision, again=((saved, (5,)),)))
+    with pytest.raises(PlanError, match="not increasing"):
+        verify_decision(profile, tags, replace(decision, again=((recomputed, (9, 5)),)))
