@@ -58,10 +58,17 @@ class Origin(_Word):
 RNG_STATE_OP = "rng state"
 # A recompute clone in the backward graph is named after the forward value.
 RECOMPUTED_SUFFIX = "_recomputed"
+COPY_INFIX = "_copy"
 
 
 def recomputed_name(name: str) -> str:
     return name + RECOMPUTED_SUFFIX
+
+
+def copy_recomputed_name(name: str, copy: int) -> str:
+    """The name of an earlier backward copy of a value recomputed more than
+    once (see Decision.again); the last copy has ``recomputed_name``."""
+    return f"{name}{COPY_INFIX}{copy}{RECOMPUTED_SUFFIX}"
 
 
 def is_recomputed_name(name: str) -> bool:
@@ -184,3 +191,13 @@ class Decision:
     # Bytes per second one way between device and host that priced offload
     # (None when nothing could be offloaded).
     offload_bandwidth: float | None = None
+    # Recomputed values backward computes more than once, each with the
+    # backward steps (indices into the profile's backward nodes, in graph
+    # order) from which a new copy serves: copy 0 serves what needs the value
+    # before the first step, copy j what needs it from step j on. A copy is
+    # freed once what it serves ran. Pairs (name, steps), sorted by name.
+    again: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def recomputed_again(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.again)

@@ -8,6 +8,11 @@ join in. The plans no other plan beats on both exact peak and time cost
 (recompute, plus transfers where values are offloaded) form the frontier. A budget then takes the cheapest frontier plan whose
 exact peak fits it.
 
+Below the lowest peak single recomputation reaches, the lowest plans are
+tried again with values recomputed more than once (solve/again.py): each
+such plan is kept only where its exact peak is lower still, so the frontier
+above that floor is what it would be without them.
+
 Because the frontier does not depend on the budget:
 * a larger budget never costs more recompute, and never yields a lower
   peak (along a frontier, cheaper means more memory);
@@ -29,6 +34,7 @@ from fxckpt.solve.baselines import lean_blocks, per_block, recompute_all, sqrt_s
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
+from fxckpt.solve.again import copy_steps
 
 # solver="auto" uses the exact ILP up to this many forward values.
 ILP_MAX_VALUES = 400
@@ -41,6 +47,11 @@ _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
+# Recomputing again: how many of the lowest plans it starts from, and the
+# idle stretches (fractions of backward's steps) after which a value is
+# recomputed again rather than held.
+_AGAIN_BASES = 2
+_AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 
 
 class Timeline(Protocol):
@@ -141,7 +152,33 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     found += _below_lowest(solved, min(c.peak for c in found))
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
+    found += _recomputed_again(problem, candidate, found)
     return _non_dominated(found)
+
+
+def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+    """Plans below the lowest peak found, where the lowest plans recompute
+    values again after idle stretches (solve/again.py), for a sweep of
+    stretch lengths. Each is checked by the exact memory model; only those
+    below the single-recompute floor are kept: they cost more recompute than
+    the plans they start from."""
+    lowest = min(c.peak for c in found)
+    bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
+    tried: set[tuple] = set()
+    kept: list[Candidate] = []
+    for base in bases:
+        recomputed = _mask(problem, base.decision.recomputed)
+        for fraction in _AGAIN_GAPS:
+            again = tuple(sorted((problem.names[i], s) for i, s in
+                                 copy_steps(problem, recomputed, fraction).items()))
+            if not again or (base.decision.recomputed, again) in tried:
+                continue
+            tried.add((base.decision.recomputed, again))
+            made = candidate(replace(base.decision, again=again,
+                                     solver=f"{base.decision.solver}+again"))
+            if made.peak < lowest:
+                kept.append(made)
+    return kept
 
 
 def _below_lowest(solved, lowest: int) -> list[Candidate]:
@@ -194,7 +231,14 @@ _ilp.__name__, _fast.__name__ = "ilp", "fast"
 def _cost(problem: Problem, decision: Decision) -> float:
     """Seconds the plan adds: recompute and offload transfers."""
     return problem.plan_cost(_mask(problem, decision.recomputed),
-                             _mask(problem, decision.offloaded))
+                             _mask(problem, decision.offloaded),
+                             copies=_copies(problem, decision))
+
+
+def _copies(problem: Problem, decision: Decision) -> np.ndarray:
+    """How many times backward computes each value (1 where it does not)."""
+    steps = dict(decision.again)
+    return np.array([1 + len(steps.get(name, ())) for name in problem.names])
 
 
 def _mask(problem: Problem, names) -> np.ndarray:

@@ -120,10 +120,15 @@ class Problem:
         plan without a budget follows a PREFER_CPU_OFFLOAD answer."""
         return saved & self.can_offload
 
-    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> float:
-        """Seconds a plan adds to a step: recompute, plus transfers for
-        offloaded values (priced as if no copy overlapped compute)."""
+    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None, *,
+                  copies: np.ndarray | None = None) -> float:
+        """Seconds a plan adds to a step: recompute (``copies``: how many
+        times backward computes each value, where more than once), plus
+        transfers for offloaded values (priced as if no copy overlapped
+        compute)."""
         extra = float(self.transfer[offloaded].sum()) if offloaded is not None else 0.0
+        if copies is not None:
+            extra += float(self.cost @ np.maximum(copies - 1, 0))
         return self.recompute_cost(recomputed) + extra
 
     def refined(self, recomputed: np.ndarray) -> "Problem":
@@ -347,12 +352,14 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     # detach AOTAutograd makes for backward, placed after the loss) runs in
     # forward only if saved: its reads do not hold its inputs through forward.
     runs_in_forward = run_in_forward(profile, frozenset())
+    reads: list[list[int]] = [[] for _ in range(n)]
     for node in nodes:
         for parent in node.inputs:
             if parent not in index:
                 continue
             i = index[parent]
             if node.phase == BACKWARD:
+                reads[i].append(bwd_pos[node.name])
                 first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
                 last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
             elif node.name in runs_in_forward:
@@ -392,7 +399,8 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     return dict(
         stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
         stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
-        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages))
+        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
+                            tuple(np.unique(np.array(r, dtype=np.int64)) for r in reads)))
 
 
 @dataclass(frozen=True)
@@ -405,6 +413,7 @@ class Lifetimes:
     is_owner: np.ndarray
     last_bwd: np.ndarray         # last backward step reading the storage (-1 if none)
     stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
+    reads: tuple = ()            # backward steps reading each value directly, ascending
 
     def recompute_rows(self, parents, through: np.ndarray) -> np.ndarray:
         n = len(self.first_bwd)
