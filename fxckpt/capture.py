@@ -197,12 +197,24 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
     # skips the partitioner, and may only where the uuid keys the plan. The
     # backward is compiled now, not at its first run, so that its code is
     # read while the graph can still be planned again.
-    patches = {"force_non_lazy_backward_lowering": True}
+    # Symbolic sizes: the code's peak cannot be read (the memory model's
+    # stands), and Inductor's early backward lowering fails on them.
+    patches = {"force_non_lazy_backward_lowering": not _symbolic(example_inputs)}
     if uuid is None:
         patches["enable_autograd_cache"] = False
     with functorch_config.patch(patches):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
+
+
+def _symbolic(example_inputs) -> bool:
+    """Whether any input has a symbolic size (or is a symbolic number)."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt | torch.SymFloat):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape):
+            return True
+    return False
 
 
 def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
