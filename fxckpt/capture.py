@@ -24,6 +24,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from fxckpt.compiled_peak import step_peak
 from fxckpt.errors import BudgetError
 from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
+from fxckpt.memory import has_symbolic_sizes
 from fxckpt.pipeline import Planner
 
 log = logging.getLogger("fxckpt.capture")
@@ -212,7 +213,7 @@ def _symbolic(example_inputs) -> bool:
     for x in example_inputs:
         if isinstance(x, torch.SymInt | torch.SymFloat):
             return True
-        if isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape):
+        if isinstance(x, torch.Tensor) and has_symbolic_sizes(x):
             return True
     return False
 

@@ -296,6 +296,12 @@ def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     return found
 
 
+def has_symbolic_sizes(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's sizes, strides or offset hold a symbol."""
+    sizes = (*tensor.shape, *tensor.stride(), tensor.storage_offset())
+    return any(isinstance(s, torch.SymInt) for s in sizes)
+
+
 def concrete(x) -> int:
     """An int from a size that may be symbolic: under ``at_sizes`` its value
     at those sizes, else its hint (0 when it has none)."""
