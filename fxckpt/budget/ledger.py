@@ -292,9 +292,11 @@ class GraphRunner:
     graph, counts its forward runs for the ledger, marks where backward
     begins, and can swap in a re-planned compile between steps."""
 
-    def __init__(self, compiled, ledger: StepLedger, on_new_step: Callable[[], None]) -> None:
+    def __init__(self, compiled, ledger: StepLedger, on_new_step: Callable[[], None],
+                 on_backward: Callable[[], None] | None = None) -> None:
         self.ledger = ledger
         self.on_new_step = on_new_step
+        self.on_backward = on_backward   # called as the graph's backward begins
         self.entry: LedgerEntry | None = None
         self.size_check: Callable[[Any], None] | None = None   # dynamic sizes (fxckpt/budget/sizes.py)
         self.set_compiled(compiled)
@@ -321,8 +323,13 @@ class GraphRunner:
         for value in out if isinstance(out, (list, tuple)) else (out,):
             if isinstance(value, torch.Tensor) and value.requires_grad \
                     and value.grad_fn is not None:
-                value.register_hook(self.ledger.backward_began)
+                value.register_hook(self._backward_began)
                 return
+
+    def _backward_began(self, *_: Any) -> None:
+        self.ledger.backward_began()
+        if self.on_backward is not None:
+            self.on_backward()
 
 
 def compile_key(gm) -> tuple[int, int]:

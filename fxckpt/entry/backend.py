@@ -36,14 +36,19 @@ class Backend:
     graph Dynamo hands over and its ``ledger.LedgerEntry``, whose ``plan``
     is the graph's current plan. ``compile_fn`` (optional) hands a graph and
     its Planner to AOTAutograd and a compiler; by default
-    ``capture.compile_planned``.
+    ``capture.compile_planned``. ``refuse_at_compile`` (``fxckpt.explain``,
+    which runs no step) refuses a first graph that cannot fit the budget at
+    its compile, naming its own floor, instead of running the step at floors
+    to name the step's.
     """
 
     def __init__(self, options: Options, *,
                  compile_fn: Callable[[fx.GraphModule, list[Any], Planner], Any] = compile_planned,
                  regions: StepRegions | None = None,
-                 on_graph: Callable[[fx.GraphModule, LedgerEntry], Any] | None = None) -> None:
+                 on_graph: Callable[[fx.GraphModule, LedgerEntry], Any] | None = None,
+                 refuse_at_compile: bool = False) -> None:
         self.options = options
+        self.refuse_at_compile = refuse_at_compile
         self.regions = regions
         self.on_graph = on_graph
         self.compile_fn = compile_fn
@@ -55,6 +60,8 @@ class Backend:
         self._sizes = SizesSeen()
         self._over_budget = False     # a graph of the first step ran at its floor
         self._first_step_checked = False
+        self._end_of_backward_queued = False
+        self._floors_made_of: list[str] = []   # of graphs refused at their compile
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         budget = self.options.budget
@@ -66,7 +73,7 @@ class Backend:
                 raise surface_through_dynamo(error) from None
         frame, compile = compile_key(gm)
         source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
-        runner = GraphRunner(None, self.ledger, self._on_new_step)
+        runner = GraphRunner(None, self.ledger, self._on_new_step, self._on_backward)
         sizes = self._sizes.plan_at(frame, gm)
         try:
             options, planner = self._plan_and_compile(gm, example_inputs, runner, frame,
@@ -99,10 +106,14 @@ class Backend:
         return runner if self._byte_budget() is not None else runner.compiled
 
     def _plan_and_compile(self, gm, example_inputs, runner, frame, compile, sizes):
-        """Plan and compile for the graph's share of the budget. Where the
-        share left by the graphs before it is too small, the graph is planned
-        at its own floor for this first step, and the whole step is planned
-        again together once it has run (``replan``)."""
+        """Plan and compile for the graph's share of a byte budget. Where
+        that share is too small -- the graphs before it hold too much, or the
+        graph alone cannot fit -- the graph is planned at its own floor for
+        this first step: the step's floor is only known once every graph of
+        it has run. At the end of that step's first backward the step is
+        planned again, together, or refused with BudgetError naming the
+        step's floor (``_on_new_step``), so that one ask names a budget that
+        works even when the model splits into several graphs."""
         try:
             options = self._options_for(frame, compile)
             planner = Planner(options, on_plan=self._keep_plan)
@@ -110,24 +121,48 @@ class Backend:
                 runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
             return options, planner
         except BudgetError as refused:
-            # Alone in its step, a graph over the budget is refused now, with
-            # its own floor. With graphs before it, or fallback regions in the
-            # step (whose floors are known once they have run), the step's
-            # floor is only known after the first step.
-            if self._byte_budget() is None or not (self.ledger.held_before(frame, compile)
-                                                   or self.regions is not None):
+            alone = not (self.ledger.held_before(frame, compile) or self.regions is not None)
+            if self._byte_budget() is None or (alone and (self._first_step_checked
+                                                          or self.refuse_at_compile)):
                 raise
+            short = ("this graph alone does not fit the budget" if alone else
+                     "this graph does not fit what the graphs and fallback regions "
+                     "before it leave of the step's budget")
             warnings.warn(
-                f"fxckpt: this graph does not fit what the graphs and fallback regions "
-                f"before it leave of the step's budget ({refused}); it runs at its own "
-                "floor for now, and the whole step is planned again, together, once "
-                "its first step has run", stacklevel=3)
+                f"fxckpt: {short} ({refused}); it runs at its own floor for this step, "
+                "which may exceed the budget, so that the whole step's floor is known: "
+                "once the step's backward has run, the step is planned again, together, "
+                "or refused with a BudgetError naming the smallest budget that fits it",
+                stacklevel=3)
             self._over_budget = True
+            self._first_step_checked = False   # the step changed: check it again
+            if refused.dominated_by:
+                self._floors_made_of.append(refused.dominated_by)
         options = replace(self.options, budget=Budget(fraction=0.0))
         planner = Planner(options, on_plan=self._keep_plan)
         with at_sizes(sizes):
             runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
         return options, planner
+
+    def _on_backward(self) -> None:
+        """A graph's backward began. Where a graph of the first step ran at
+        its floor over the budget (and no fallback regions, which
+        ``fxckpt.compile`` checks at its own step boundary, are in the step),
+        the step is checked as soon as this backward ends, so a budget below
+        the step's floor is refused from the first ``backward()``."""
+        if not self._over_budget or self._first_step_checked or self.regions is not None \
+                or self._end_of_backward_queued:
+            return
+        self._end_of_backward_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._first_backward_ended)
+
+    def _first_backward_ended(self) -> None:
+        self._end_of_backward_queued = False
+        # The autograd engine runs this with grad mode off; a re-plan compiles
+        # training graphs.
+        with torch.enable_grad():
+            if self.ledger.close_step():
+                self._on_new_step()
 
     def _keep_plan(self, plan: Plan) -> None:
         self.plans.append(self._noted(plan))
@@ -189,17 +224,19 @@ class Backend:
         items, sequence = step_items(*self._step_graphs(current=True), regions,
                                      [r.at_floor for r in regions])
         predicted = step_peak([0] * len(items), items, 0, sequence)
-        if predicted <= budget and not self._over_budget:
+        over_budget, self._over_budget = self._over_budget, False
+        if predicted <= budget and not over_budget:
             return
         runs = {e.runs for e in self.ledger.run_order()}
-        warnings.warn(
-            f"fxckpt: the first training step was predicted to peak at "
-            f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}"
-            + (f" ({format_bytes(reserved)} of it held by eager fallback regions)"
-               if reserved else "")
-            + f": its graphs ran {', '.join(map(str, sorted(runs))) or 'no'} time(s) each, "
-            "which their plans could not know; re-planning the step once for the steps "
-            "after it (see each plan's notes and compiled.fxckpt_report)", stacklevel=2)
+        if not over_budget:   # else said when the graph ran at its floor
+            warnings.warn(
+                f"fxckpt: the first training step was predicted to peak at "
+                f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}"
+                + (f" ({format_bytes(reserved)} of it held by eager fallback regions)"
+                   if reserved else "")
+                + f": its graphs ran {', '.join(map(str, sorted(runs))) or 'no'} time(s) each, "
+                "which their plans could not know; re-planning the step once for the steps "
+                "after it (see each plan's notes and compiled.fxckpt_report)", stacklevel=2)
         self.replan()
 
     def _check_sizes(self, check: SizeCheck, args) -> None:
@@ -233,8 +270,12 @@ class Backend:
                 f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
                 + (f", {format_bytes(held)} of it held by {len(regions)} eager fallback "
                    "region(s) at their floor (their inputs and MUST saves)"
-                   if regions else "") + f". Raise the budget to at least {refused.floor} "
-                "bytes, or shrink the batch.", floor_bytes=refused.floor) from None
+                   if regions else "")
+                + "".join(f". At its own floor, a graph that did not fit peaks at a point made of {what}"
+                          for what in self._floors_made_of)
+                + f". Raise the budget to at least {refused.floor} bytes, or shrink the "
+                "batch.", floor_bytes=refused.floor,
+                dominated_by="; ".join(self._floors_made_of)) from None
         if self.regions is not None:
             self.regions.choose(at_floor)
         items, sequence = step_items(graphs, runs_in_order, regions, at_floor)

@@ -35,7 +35,7 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
                         f"{type(model_or_gm).__name__}")
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
-    be = Backend(options)
+    be = Backend(options, refuse_at_compile=True)
     capture_once(model_or_gm, example_inputs, be)
     if not be.plans:
         if be.graphs_without_backward:
