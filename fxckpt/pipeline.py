@@ -5,6 +5,7 @@ them. ``Planner`` is what AOTAutograd calls as its partition function."""
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ from fxckpt.errors import BudgetError, PlanError
 from fxckpt.memory import breakdown, simulate
 from fxckpt.options import Options, format_bytes
 from fxckpt.phases import PhaseClock, Progress
+from fxckpt.passes import schedule
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite
 from fxckpt.passes.tag import tag_forward_values
@@ -28,6 +30,24 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
 
 _graph_ids = itertools.count()
+log = logging.getLogger("fxckpt.planner")
+
+
+def estimator(model, evaluate: Evaluate) -> Evaluate:
+    """evaluate(decision) by the schedule model (passes/schedule.py), for the
+    plans it covers: (Simulated, its timeline), no graphs built; the rest
+    are rewritten and simulated."""
+    if model is None:
+        return evaluate
+
+    def estimate(decision: Decision):
+        timeline = model.peak(decision)
+        if timeline is None:
+            return evaluate(decision)
+        states = {f"rng_state_{name}": profile_bytes
+                  for name, profile_bytes in model.state_bytes(decision).items()}
+        return schedule.Simulated(states), timeline
+    return estimate
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,10 @@ class Planner:
     # Plans made by this planner depend on nothing but the graph, the options
     # and num_lifted_params: the plan cache may keep them (fxckpt/cache.py).
     caches_plans = True
+    # Under a budget, the frontier's candidates are simulated by the schedule
+    # model (passes/schedule.py) where it covers them; False rewrites and
+    # simulates every one (the same plans, more slowly).
+    estimates = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
                  num_lifted_params: int = 0) -> None:
@@ -83,6 +107,7 @@ class Planner:
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices, clock)
         progress.started(len(joint.graph.nodes), len(tags), self.options)
+        estimate = progress.counted(clock.timed("rewrite", evaluate.estimate))
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         known = self.reusable.pop(0) if self.reusable else None
         made = self._follow(known, profile, tags, evaluate, clock, graph_id) \
@@ -91,7 +116,8 @@ class Planner:
             frontiers: list[tuple] = []
             with clock.phase("solve"):
                 decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
-                                                      on_frontier=frontiers.append)
+                                                      on_frontier=frontiers.append,
+                                                      estimate=estimate)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
                                 graph_id=graph_id)
             made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
@@ -150,11 +176,17 @@ class Planner:
         with clock.phase("tag"):
             tags = tag_forward_values(joint, profile, policy=self.options.policy)
 
+        fused = self.options.compiler == "inductor"
+
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
             return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
-                                       fused=self.options.compiler == "inductor")
+                                       fused=fused)
 
+        with clock.phase("profile"):
+            model = None if fused or self.options.budget is None or not self.estimates else \
+                schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs)
+        evaluate.estimate = estimator(model, evaluate)
         return profile, tags, evaluate
 
     def _finish(self, profile, tags, decision, rewritten, timeline, *, clock: PhaseClock,
@@ -242,10 +274,42 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
 
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
-          on_frontier: Callable[[tuple], Any] | None = None):
+          on_frontier: Callable[[tuple], Any] | None = None,
+          estimate: Evaluate | None = None):
     """Return (decision, rewritten, timeline) for the options' solver and budget.
     ``on_frontier``, under a budget, gets the frontier as (own peak, saved
-    bytes, cost) points, lowest peak first."""
+    bytes, cost) points, lowest peak first. ``estimate``: evaluate for the
+    frontier's candidates, which may answer a Simulated plan (no graphs);
+    the plan chosen is then rewritten and simulated for real, and if the two
+    peaks differ the frontier is built again with ``evaluate``."""
+    if estimate is not None and estimate is not evaluate:
+        try:
+            return _solve(profile, tags, evaluate, options, on_frontier, estimate)
+        except _EstimateOff as off:
+            log.warning("the schedule model's peak for %s differs from the rewritten "
+                        "graph's (%d against %d bytes): planning again with every "
+                        "candidate rewritten", off.what, off.estimated, off.real)
+    return _solve(profile, tags, evaluate, options, on_frontier, evaluate)
+
+
+class _EstimateOff(Exception):
+    def __init__(self, what: str, estimated: int, real: int) -> None:
+        super().__init__(what)
+        self.what, self.estimated, self.real = what, estimated, real
+
+
+def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: str):
+    """(rewritten, timeline) of ``decision`` from the real rewrite, where the
+    candidate was only simulated; _EstimateOff if the peaks differ."""
+    if not isinstance(rewritten, schedule.Simulated):
+        return rewritten, timeline
+    real_rewritten, real_timeline = evaluate(decision)
+    if real_timeline.peak_bytes != timeline.peak_bytes:
+        raise _EstimateOff(what, timeline.peak_bytes, real_timeline.peak_bytes)
+    return real_rewritten, real_timeline
+
+
+def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, estimate):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
@@ -256,11 +320,12 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:
         evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
+        estimate = _held_per_run(estimate, profile, options.runs_per_step)
     rewritten, timeline = evaluate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
-    frontier = pareto_frontier(problem, evaluate, options.solver,
+    frontier = pareto_frontier(problem, estimate, options.solver,
                                (optimal, rewritten, timeline))
     budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     if on_frontier is not None:
@@ -272,7 +337,12 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
             problem, evaluate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
+        floor = no_fit.floor
+        checked = _checked(evaluate, floor.decision, floor.rewritten, floor.timeline,
+                           "the floor plan")
+        no_fit.floor = replace(floor, rewritten=checked[0], timeline=checked[1])
         raise _budget_error(no_fit) from None
+    rewritten, timeline = _checked(evaluate, decision, rewritten, timeline, "the chosen plan")
     return decision, rewritten, getattr(timeline, "graph", timeline)
 
 

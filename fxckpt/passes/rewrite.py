@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
 from fxckpt.passes import rng
@@ -38,6 +39,13 @@ class Rewritten:
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
             num_fwd_outputs: int) -> Rewritten:
+    """The graphs are lazy GraphModules: their Python code is generated when
+    first run, so plans only simulated (the frontier's candidates) skip it."""
+    with _use_lazy_graph_module(True):
+        return _rewrite(joint, profile, decision, num_fwd_outputs)
+
+
+def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
     work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}

@@ -58,5 +58,9 @@ def rng_state_bytes(device: torch.device | None) -> int:
 
 def _state_value(device: torch.device | None, fake_mode):
     """A fake tensor shaped like the generator state for ``device``."""
-    template = torch.empty(rng_state_bytes(device), dtype=torch.uint8)
-    return fake_mode.from_tensor(template) if fake_mode is not None else template
+    if fake_mode is None:
+        return torch.empty(rng_state_bytes(device), dtype=torch.uint8)
+    # Made inside the fake mode, a storage of its own each time (converting
+    # a real tensor costs far more).
+    with fake_mode:
+        return torch.empty(rng_state_bytes(device), dtype=torch.uint8, device="cpu")

@@ -1,0 +1,340 @@
+"""The memory model of a rewritten plan, without rewriting: a plan's peak
+from the joint graph read once.
+
+``rewrite`` builds FX graphs (a copy of the joint graph, the recompute
+clones, AOTAutograd's extraction of forward and backward, the backward
+scheduled just in time) and ``memory.simulate`` walks them. Both are exact,
+and for a candidate plan that only needs its peak, slow: thousands of nodes
+created per plan. ``ScheduleModel`` reads the joint graph once into plain
+lists (each node's inputs, storages, bytes, workspace, device, purity) and
+for a Decision replays what the rewrite would produce -- which nodes each
+graph keeps, in which order, which values forward saves, where backward
+runs each clone -- and walks that sequence with memory.py's rules (storages
+live from their producer to their last reader, outputs kept, views free,
+graph inputs not counted, workspace counted while its op runs).
+
+It covers what the budgeted frontier mostly asks for: plans that save and
+recompute, random recomputes replaying a saved generator state included,
+simulated unfused (``compiler="eager"``). It declines (``peak`` returns
+None, and the caller rewrites for real) plans that offload, Inductor's fused
+model, graphs with in-place ops or seeds, and recomputes whose clones would
+make the rewrite move forward nodes. The pipeline checks its answer on the
+plan that runs, against the real rewrite and simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from fxckpt.memory import StorageMemo, workspace_bytes
+from fxckpt.ops import random_op_device
+from fxckpt.passes.rng import rng_state_bytes
+from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """What the frontier keeps of a plan the model simulated: no graphs, the
+    generator-state bytes forward saves (as Rewritten has them)."""
+
+    rng_state_bytes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ModelTimeline:
+    peak_bytes: int
+    peak_at: str
+    fused: bool = False
+
+
+@dataclass
+class _Node:
+    name: str
+    kind: str                       # "primal", "tangent", "op"
+    inputs: tuple[int, ...]         # joint indices, in all_input_nodes order
+    storages: tuple[tuple[object, int], ...]
+    workspace: int
+    counted: bool                   # on the graph's device (or no device)
+    impure: bool                    # kept by dead-code elimination (random ops too)
+    side_effect: bool               # kept by the backward schedule (random ops not)
+    backward: bool                  # profile phase is backward
+    state_bytes: int = 0            # generator state, if it is random
+
+
+@dataclass
+class _Walk:
+    live: dict = field(default_factory=dict)
+    not_counted: set = field(default_factory=set)
+    peak: int = 0
+    peak_at: str = ""
+
+
+class ScheduleModel:
+    """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
+
+    def __init__(self, nodes: list[_Node], fwd_outputs: list[int], bwd_outputs: list[int],
+                 first_backward: int) -> None:
+        self.nodes = nodes
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
+        self.first_backward = first_backward
+        # Whether dead-code elimination keeps a replay nobody reads.
+        self.replay_impure = _replay_is_impure()
+
+    def state_bytes(self, decision: Decision) -> dict[str, int]:
+        """Generator-state bytes forward saves, by random recomputed value."""
+        return {n: self.nodes[self.index[n]].state_bytes for n in decision.recomputed
+                if self.nodes[self.index[n]].state_bytes}
+
+    def peak(self, decision: Decision) -> ModelTimeline | None:
+        if decision.offloaded:
+            return None
+        recomputed = sorted(self.index[n] for n in decision.recomputed)
+        if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
+            return None  # the rewrite would move forward nodes up
+        saved = {self.index[n] for n in decision.saved}
+        states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
+        tangents = [i for i, n in enumerate(self.nodes) if n.kind == "tangent"]
+        placeholders = sorted(saved) + states + tangents
+        order, inputs, clone_of = self._edited(recomputed)
+        inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
+        outputs = [clone_of.get(o, o) for o in self.bwd_outputs]
+        bwd, used = self._backward(order, inputs, set(placeholders), outputs)
+        # Saved values backward does not read are dropped from both graphs.
+        saved_used = [p for p in placeholders if p in used and p not in tangents]
+        placeholders = saved_used + tangents
+        fwd, kept = self._forward(saved_used)
+        walk = _Walk()
+        primals = [i for i, n in enumerate(self.nodes) if n.kind == "primal"]
+        walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
+        pairs = {r for _, r in states}
+        self._run(primals + fwd, {i: self.nodes[i].inputs for i in fwd}, self._refs(kept),
+                  walk, "forward", set(primals), pairs)
+        for p in placeholders:
+            self._allocate(p, walk)
+        self._run(placeholders + bwd, inputs, self._refs(outputs), walk, "backward",
+                  set(placeholders), set())
+        return ModelTimeline(walk.peak, walk.peak_at)
+
+    # --- the rewrite, replayed ---------------------------------------------
+
+    def _edited(self, recomputed: list[int]):
+        """The edited joint graph's order (clones, as ("clone", i), in front
+        of the first backward node), every node's inputs after the backward
+        was pointed at the clones, and the clones."""
+        clone_of: dict = {}
+        inputs: dict = {}
+        for r in recomputed:
+            mapped = tuple(clone_of.get(a, a) for a in self.nodes[r].inputs)
+            if self.nodes[r].state_bytes:
+                mapped = (("state", r),) + mapped
+            inputs[("clone", r)] = tuple(dict.fromkeys(mapped))
+            clone_of[r] = ("clone", r)
+        for i, node in enumerate(self.nodes):
+            inputs[i] = tuple(dict.fromkeys(clone_of.get(a, a) for a in node.inputs)) \
+                if node.backward else node.inputs
+        order = list(range(self.first_backward)) + [("clone", r) for r in recomputed] \
+            + list(range(self.first_backward, len(self.nodes)))
+        return order, inputs, clone_of
+
+    def _backward(self, order, inputs, placeholders: set, outputs: list):
+        """Backward's nodes in the order the just-in-time schedule runs
+        them, and the placeholders its extraction found read."""
+        valid, kept = set(placeholders), []
+        for key in order:
+            if key in valid or self._kind(key) != "op":
+                continue
+            if all(a in valid for a in inputs[key]):
+                valid.add(key)
+                kept.append(key)
+        dce = _ancestors(outputs + [k for k in kept if self._impure(k, True)], inputs)
+        used = {a for k in dce if k not in placeholders for a in inputs[k]} | set(outputs)
+        needed = _ancestors(outputs + [k for k in kept if k in dce and self._impure(k, False)],
+                            inputs)
+        emitted, sequence = set(placeholders), []
+
+        def emit(key) -> None:
+            if key in emitted:
+                return
+            for a in inputs[key]:
+                emit(a)
+            emitted.add(key)
+            sequence.append(key)
+
+        for key in kept:
+            if key in needed and not (isinstance(key, tuple) and key[0] == "clone"):
+                emit(key)
+        return sequence, used
+
+    def _forward(self, saved_used: list):
+        """Forward's nodes in order, and its outputs (kept to the end)."""
+        valid = {i for i, n in enumerate(self.nodes) if n.kind == "primal"}
+        kept = []
+        for i, node in enumerate(self.nodes):
+            if node.kind == "op" and not node.backward and all(a in valid for a in node.inputs):
+                valid.add(i)
+                kept.append(i)
+        outputs = list(self.fwd_outputs) + saved_used
+        roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
+        inputs = {i: self.nodes[i].inputs for i in kept}
+        live = _ancestors(roots + [i for i in kept if self.nodes[i].impure], inputs)
+        return [i for i in kept if i in live], outputs
+
+    # --- the walk, as memory.py does it ------------------------------------
+
+    def _name(self, key, pairs) -> str:
+        """The node's name in the rewritten graph."""
+        if isinstance(key, tuple):
+            return recomputed_name(self.nodes[key[1]].name)
+        if key in pairs:  # named by FX as the rewrite creates them, in order
+            k = sorted(pairs).index(key)
+            return "run_and_save_rng_state" + (f"_{k}" if k else "")
+        return self.nodes[key].name
+
+    def _kind(self, key) -> str:
+        return "op" if isinstance(key, tuple) and key[0] == "clone" else \
+            "state" if isinstance(key, tuple) else self.nodes[key].kind
+
+    def _impure(self, key, random: bool) -> bool:
+        if isinstance(key, tuple):
+            return random and self.nodes[key[1]].state_bytes > 0 and self.replay_impure
+        node = self.nodes[key]
+        return node.impure if random else node.side_effect
+
+    def _storages(self, key) -> tuple:
+        if isinstance(key, tuple) and key[0] == "state":
+            return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
+        return self.nodes[key[1] if isinstance(key, tuple) else key].storages
+
+    def _refs(self, keys) -> set:
+        return {ref for k in keys for ref, _ in self._storages(k)}
+
+    def _allocate(self, key, walk: _Walk, extra=()) -> None:
+        node = self.nodes[key[1] if isinstance(key, tuple) else key]
+        if not node.counted:
+            return
+        for ref, nbytes in self._storages(key) + tuple(extra):
+            if ref not in walk.live and ref not in walk.not_counted:
+                walk.live[ref] = nbytes
+
+    def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
+             placeholders: set, pairs: set) -> None:
+        """memory.py's walk of one graph; ``pairs``: random nodes forward
+        runs as run_and_save_rng_state, allocating their generator state."""
+        last: dict = {}
+        for index, key in enumerate(sequence):
+            for ref, _ in self._storages(key):
+                last.setdefault(ref, index)
+            if key in pairs:
+                last.setdefault(-1 - key, index)
+            for arg in inputs.get(key, ()):
+                for ref, _ in self._storages(arg):
+                    last[ref] = index
+        frees: dict[int, list] = {}
+        for ref, index in last.items():
+            frees.setdefault(index, []).append(ref)
+        for index, key in enumerate(sequence):
+            node = self.nodes[key[1] if isinstance(key, tuple) else key]
+            state = ((-1 - key, node.state_bytes),) if key in pairs else ()
+            self._allocate(key, walk, extra=state)
+            total = sum(walk.live.values())
+            if key not in placeholders:
+                total += node.workspace
+                if isinstance(key, tuple) and node.state_bytes:
+                    total += node.state_bytes  # a replay holds the state it replaces
+            if total > walk.peak:
+                walk.peak, walk.peak_at = total, f"{phase}:{self._name(key, pairs)}"
+            for ref in frees.get(index, ()):
+                if ref not in keep:
+                    walk.live.pop(ref, None)
+
+
+def _ancestors(roots, inputs) -> set:
+    """``roots`` and what they read, through ``inputs``."""
+    seen: set = set()
+    stack = list(roots)
+    while stack:
+        key = stack.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.extend(inputs.get(key, ()))
+    return seen
+
+
+def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
+          ) -> ScheduleModel | None:
+    """The model of ``joint`` (the graph ``rewrite`` is given), or None for
+    a graph it does not cover."""
+    graph = joint.graph
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    index = {n: i for i, n in enumerate(nodes)}
+    storages = StorageMemo()
+    devices = {_device(n) for n in nodes} - {""}
+    if len(devices) > 1:
+        return None
+    device = devices.pop() if devices else "cpu"
+    model_nodes = []
+    ids: dict = {}  # storages as numbers (generator states are negative)
+
+    def numbered(node: fx.Node):
+        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
+
+    for n in nodes:
+        made = _model_node(n, index, numbered, profile, device)
+        if made is None:
+            return None
+        model_nodes.append(made)
+    flat = pytree.arg_tree_leaves(*graph.output_node().args)
+    fwd = [index[x] for x in flat[:num_fwd_outputs] if isinstance(x, fx.Node)]
+    bwd = [index[x] for x in flat[num_fwd_outputs:] if isinstance(x, fx.Node)]
+    first_backward = next((i for i, m in enumerate(model_nodes)
+                           if m.kind == "op" and m.backward), len(model_nodes))
+    return ScheduleModel(model_nodes, fwd, bwd, first_backward)
+
+
+def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
+    if node.op == "placeholder":
+        if node.name.startswith("primals"):
+            kind = "primal"
+        elif node.name.startswith("tangents"):
+            kind = "tangent"
+        else:
+            return None  # seeds, backward state
+    elif node.op == "call_function":
+        kind = "op"
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return None
+    else:
+        return None
+    info = profile.nodes.get(node.name)
+    random = info is not None and info.is_random
+    return _Node(
+        name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
+        storages=tuple(storages(node)), workspace=workspace_bytes(node),
+        counted=_device(node) in (device, ""),
+        impure=kind == "op" and node.is_impure(),
+        side_effect=kind == "op" and node.is_impure(impure_random=False),
+        backward=info is not None and info.phase == BACKWARD,
+        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0)
+
+
+def _replay_is_impure() -> bool:
+    from torch._prims.rng_prims import run_with_rng_state
+
+    graph = fx.Graph()
+    state = graph.placeholder("state")
+    return graph.call_function(run_with_rng_state, (state, torch.ops.aten.rand.default, [1])
+                               ).is_impure()
+
+
+def _device(node: fx.Node) -> str:
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.Tensor):
+            return v.device.type
+    return ""
