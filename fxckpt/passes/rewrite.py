@@ -119,13 +119,16 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
         reload.meta = dict(value.meta)
         clone_of[value] = reload
     states: list[fx.Node] = []
+    fake_mode = fake_mode_of(graph) if any(profile.nodes[n.name].is_random for n in order) \
+        else None  # read once: finding it reads every node
     for node in order:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs),
                                        lambda a: clone_of.get(a, a))
         name = recomputed_name(node.name)
         with graph.inserting_before(first_backward):
             if profile.nodes[node.name].is_random:
-                state, forward_value = rng.save_rng_state_in_forward(graph, node)
+                state, forward_value = rng.save_rng_state_in_forward(
+                    graph, node, fake_mode=fake_mode)
                 clone = rng.replay_call(graph, node, state, args, kwargs, name)
                 states.append(state)
                 # Forward users now read ``forward_value``; clones of them must

@@ -83,7 +83,7 @@ class ScheduleModel:
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
         # Whether dead-code elimination keeps a replay nobody reads.
-        self.replay_impure = _replay_is_impure()
+        self.replay_impure, self.pair_impure = _rng_calls_impure()
 
     def state_bytes(self, decision: Decision) -> dict[str, int]:
         """Generator-state bytes forward saves, by random recomputed value."""
@@ -103,15 +103,15 @@ class ScheduleModel:
         order, inputs, clone_of = self._edited(recomputed)
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         outputs = [clone_of.get(o, o) for o in self.bwd_outputs]
-        bwd, used = self._backward(order, inputs, set(placeholders), outputs)
+        pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
+        bwd, used = self._backward(order, inputs, set(placeholders), outputs, pairs)
         # Saved values backward does not read are dropped from both graphs.
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
-        fwd, kept = self._forward(saved_used)
+        fwd, kept = self._forward(saved_used, pairs)
         walk = _Walk()
         primals = [i for i, n in enumerate(self.nodes) if n.kind == "primal"]
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
-        pairs = {r for _, r in states}
         self._run(primals + fwd, {i: self.nodes[i].inputs for i in fwd}, self._refs(kept),
                   walk, "forward", set(primals), pairs)
         for p in placeholders:
@@ -141,7 +141,7 @@ class ScheduleModel:
             + list(range(self.first_backward, len(self.nodes)))
         return order, inputs, clone_of
 
-    def _backward(self, order, inputs, placeholders: set, outputs: list):
+    def _backward(self, order, inputs, placeholders: set, outputs: list, pairs: set):
         """Backward's nodes in the order the just-in-time schedule runs
         them, and the placeholders its extraction found read."""
         valid, kept = set(placeholders), []
@@ -151,10 +151,10 @@ class ScheduleModel:
             if all(a in valid for a in inputs[key]):
                 valid.add(key)
                 kept.append(key)
-        dce = _ancestors(outputs + [k for k in kept if self._impure(k, True)], inputs)
+        dce = _ancestors(outputs + [k for k in kept if self._impure(k, True, pairs)], inputs)
         used = {a for k in dce if k not in placeholders for a in inputs[k]} | set(outputs)
-        needed = _ancestors(outputs + [k for k in kept if k in dce and self._impure(k, False)],
-                            inputs)
+        needed = _ancestors(outputs + [k for k in kept
+                                       if k in dce and self._impure(k, False, pairs)], inputs)
         emitted, sequence = set(placeholders), []
 
         def emit(key) -> None:
@@ -170,7 +170,7 @@ class ScheduleModel:
                 emit(key)
         return sequence, used
 
-    def _forward(self, saved_used: list):
+    def _forward(self, saved_used: list, pairs: set):
         """Forward's nodes in order, and its outputs (kept to the end)."""
         valid = {i for i, n in enumerate(self.nodes) if n.kind == "primal"}
         kept = []
@@ -181,7 +181,7 @@ class ScheduleModel:
         outputs = list(self.fwd_outputs) + saved_used
         roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
         inputs = {i: self.nodes[i].inputs for i in kept}
-        live = _ancestors(roots + [i for i in kept if self.nodes[i].impure], inputs)
+        live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
         return [i for i in kept if i in live], outputs
 
     # --- the walk, as memory.py does it ------------------------------------
@@ -199,9 +199,14 @@ class ScheduleModel:
         return "op" if isinstance(key, tuple) and key[0] == "clone" else \
             "state" if isinstance(key, tuple) else self.nodes[key].kind
 
-    def _impure(self, key, random: bool) -> bool:
+    def _impure(self, key, random: bool, pairs: set) -> bool:
+        """Kept by dead-code elimination (``random``: FX's default, random
+        ops kept) or by the backward schedule (random ops dropped). A random
+        op forward replaces by run_and_save_rng_state is pure."""
         if isinstance(key, tuple):
             return random and self.nodes[key[1]].state_bytes > 0 and self.replay_impure
+        if key in pairs:
+            return self.pair_impure
         node = self.nodes[key]
         return node.impure if random else node.side_effect
 
@@ -324,13 +329,16 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         state_bytes=rng_state_bytes(random_op_device(node)) if random else 0)
 
 
-def _replay_is_impure() -> bool:
-    from torch._prims.rng_prims import run_with_rng_state
+def _rng_calls_impure() -> tuple[bool, bool]:
+    """Whether FX counts run_with_rng_state and run_and_save_rng_state calls
+    impure (dead-code elimination keeps them)."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
     graph = fx.Graph()
     state = graph.placeholder("state")
-    return graph.call_function(run_with_rng_state, (state, torch.ops.aten.rand.default, [1])
-                               ).is_impure()
+    op = torch.ops.aten.rand.default
+    return (graph.call_function(run_with_rng_state, (state, op, [1])).is_impure(),
+            graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
 
 
 def _device(node: fx.Node) -> str:
