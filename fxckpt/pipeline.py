@@ -10,8 +10,8 @@ rewritten graphs replayed as node sequences and walked with memory.py's
 rules), each distinct plan once. Only the plan that runs is rewritten, and
 its real simulation must give the peak the model gave, or the frontier is
 built again with every candidate rewritten; a BudgetError's floor plan is
-checked the same way. The runtime-optimal plan and plans the model does not
-cover (offload, Inductor's fused model) are always rewritten."""
+checked the same way. Plans the model does not cover (offload, Inductor's
+fused model) are always rewritten."""
 
 from __future__ import annotations
 
@@ -332,7 +332,8 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, est
     if options.runs_per_step > 1:
         evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
         estimate = _held_per_run(estimate, profile, options.runs_per_step)
-    rewritten, timeline = evaluate(optimal)
+    # Rewritten for real only if chosen (``_checked`` below).
+    rewritten, timeline = estimate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
