@@ -42,6 +42,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxckpt.memory import has_symbolic_sizes
 from fxckpt.options import Options
 from fxckpt.policies.digest import Unkeyable, encode
 
@@ -144,7 +145,7 @@ def _inputs_text(example_inputs) -> str:
     parts = []
     for index, value in enumerate(example_inputs):
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or \
-                isinstance(value, torch.Tensor) and _symbolic(value):
+                isinstance(value, torch.Tensor) and has_symbolic_sizes(value):
             raise Unkeyable(_SYMBOLIC)
         if isinstance(value, torch.Tensor):
             if type(value) not in _PLAIN_TENSORS:
@@ -160,17 +161,12 @@ def _inputs_text(example_inputs) -> str:
     return "\n".join(parts)
 
 
-def _symbolic(tensor: torch.Tensor) -> bool:
-    sizes = (*tensor.shape, *tensor.stride(), tensor.storage_offset())
-    return any(isinstance(s, torch.SymInt) for s in sizes)
-
-
 def _graph_text(gm: fx.GraphModule) -> str:
     for node in gm.graph.find_nodes(op="placeholder"):
         # Dynamo passes sizes as ints; its graph shows them as symbols.
         value = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(value, torch.SymInt) or \
-                isinstance(value, torch.Tensor) and _symbolic(value):
+                isinstance(value, torch.Tensor) and has_symbolic_sizes(value):
             raise Unkeyable(_SYMBOLIC)
     lines = []
     for name, module in gm.named_modules():

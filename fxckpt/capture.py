@@ -10,9 +10,9 @@ explain, pareto and the benchmarks."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -21,7 +21,10 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from fxckpt.compiled_peak import step_peak
+from fxckpt.errors import BudgetError
 from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
+from fxckpt.memory import has_symbolic_sizes
 from fxckpt.pipeline import Planner
 
 log = logging.getLogger("fxckpt.capture")
@@ -117,18 +120,133 @@ def _compile(gm, example_inputs, planner, uuid: str | None):
             fw_compiler=boxed_nop,
             bw_compiler=boxed_nop,
             partition_fn=planner,
+            keep_inference_input_mutations=True,
         )(gm, example_inputs)
+    return _compile_inductor(gm, example_inputs, planner, uuid)
+
+
+# Compiles of one graph at most, where each compiled plan peaks over its
+# byte budget and the graph is planned again below it by the excess.
+_ATTEMPTS = 4
+
+
+def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
+    """Compile with Inductor and read each plan's real peak off the code it
+    generated (fxckpt/compiled_peak.py): that is the plan's peak from then
+    on. A plan whose compiled code peaks over its byte budget is thrown
+    away and the graph planned again, the budget lowered by the excess,
+    until it fits; its plans reach the caller only then."""
+    on_plan, planner.on_plan = planner.on_plan, None
+    mark, tried, peaks = len(planner.plans), [], []
+    try:
+        for attempt in range(_ATTEMPTS):
+            code: dict[str, str] = {}
+            compiled = _inductor(gm, example_inputs, planner, uuid, code)
+            over = _note_compiled_peaks(planner, mark, code)
+            if not over:
+                break
+            plan = planner.plans[-1]
+            peaks.append(plan.peak_bytes)
+            if attempt == _ATTEMPTS - 1 or plan.fingerprint in tried:
+                # Planning lower gave the same plan (the floor's) or no plan
+                # under the budget in as many compiles: refused, naming the
+                # lowest compiled peak of the plans tried and of the
+                # runtime-optimal plan, a budget that is met.
+                raise _still_over(plan, over, min(peaks + [_unbudgeted_peak(
+                    gm, example_inputs, planner, uuid, mark)]))
+            tried.append(plan.fingerprint)
+            log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
+                     "again %d bytes lower", over, planner.lowered_by + over)
+            planner.retract(mark)
+            planner.lowered_by += over
+    finally:
+        planner.on_plan = on_plan
+    if on_plan is not None:
+        for plan in planner.plans[mark:]:
+            on_plan(plan)
+    return compiled
+
+
+def _unbudgeted_peak(gm, example_inputs, planner, uuid, mark: int) -> int:
+    """The compiled peak of the graph's runtime-optimal plan."""
+    planner.retract(mark)
+    planner.without_budget = True
+    try:
+        code: dict[str, str] = {}
+        _inductor(gm, example_inputs, planner, uuid, code)
+        _note_compiled_peaks(planner, mark, code)
+        return planner.plans[mark].peak_bytes
+    finally:
+        planner.without_budget = False
+        planner.retract(mark)
+
+
+def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
+    """compile_fx with the planner as partitioner; ``code`` gets the wrapper
+    code Inductor generated for the forward and the backward."""
     from torch._functorch import config as functorch_config
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def inner_compile(graph, inputs, **kwargs):
+        compiled = compile_fx_inner(graph, inputs, **kwargs)
+        phase = "backward" if kwargs.get("is_backward") else "forward"
+        code[phase] = getattr(compiled, "source_code", None)
+        return compiled
 
     # Inductor's FX graph cache keys the planned forward and backward graphs,
     # so it may serve them whatever the uuid; a cache of partitioned graphs
-    # skips the partitioner, and may only where the uuid keys the plan.
-    uncached = functorch_config.patch(enable_autograd_cache=False) if uuid is None \
-        else contextlib.nullcontext()
-    with uncached:
-        return compile_fx(gm, example_inputs, config_patches={
+    # skips the partitioner, and may only where the uuid keys the plan. The
+    # backward is compiled now, not at its first run, so that its code is
+    # read while the graph can still be planned again.
+    # Symbolic sizes: the code's peak cannot be read (the memory model's
+    # stands), and Inductor's early backward lowering fails on them.
+    patches = {"force_non_lazy_backward_lowering": not _symbolic(example_inputs)}
+    if uuid is None:
+        patches["enable_autograd_cache"] = False
+    with functorch_config.patch(patches):
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
+
+
+def _symbolic(example_inputs) -> bool:
+    """Whether any input has a symbolic size (or is a symbolic number)."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt | torch.SymFloat):
+            return True
+        if isinstance(x, torch.Tensor) and has_symbolic_sizes(x):
+            return True
+    return False
+
+
+def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
+    """Give the plan made since ``mark`` its compiled peak; return the bytes
+    it is over its byte budget (0 when within it, or not known)."""
+    if len(planner.plans) != mark + 1 or not code.get("forward"):
+        return 0
+    plan = planner.plans[mark]
+    compiled = step_peak(code["forward"], code.get("backward"))
+    if compiled is None or code.get("backward") is None:
+        return 0
+    note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "
+            f"(the memory model predicted {plan.peak_bytes})")
+    planner.replace_plan(mark, replace(plan, peak_bytes=compiled.peak_bytes,
+                                       model_peak_bytes=plan.peak_bytes,
+                                       notes=plan.notes + (note,)))
+    budget = plan.budget_bytes
+    if budget is None or planner.options.budget is None \
+            or planner.options.budget.bytes is None:
+        return 0
+    return max(0, compiled.peak_bytes - budget)
+
+
+def _still_over(plan, over: int, lowest: int) -> BudgetError:
+    return BudgetError(
+        f"no plan fits a budget of {plan.budget_bytes} bytes for this graph under "
+        f"Inductor: its compiled code peaks {over} bytes over it after planning lower by "
+        f"what each compiled plan exceeded, down to the memory model's floor. The "
+        f"lowest peak Inductor's code reached, over those plans and the runtime-optimal "
+        f"one, is {lowest} bytes: raise the budget to at least {lowest} bytes, or "
+        "shrink the batch.", floor_bytes=lowest)
 
 
 class _InductorPartitioner(CustomPartitionerFn):

@@ -101,9 +101,12 @@ def inlined_by_inductor(graph: fx.Graph) -> set[fx.Node]:
     than ``realize_opcount_threshold`` ops; and a value a reduction reads
     beside other readers is stored.
 
-    Not modelled: Inductor's scheduler fuses kernels that read the same
-    buffers, which can run recomputation earlier in backward than the
-    rewrite placed it (measured on the zoo GPT: 0.88 of the measured peak)."""
+    Not modelled: the kernels and realized buffers Inductor's lowering and
+    scheduler make of the planned graphs, which can make values live
+    earlier or longer than here (the zoo GPT's runtime-optimal plan: 0.88
+    of the measured peak; its floor plan 0.59). Under Inductor a plan's
+    peak is therefore read from the code Inductor generated for it
+    (fxckpt/compiled_peak.py); this model ranks candidate plans."""
     outputs = set(graph.output_node().all_input_nodes)
     inlined: set[fx.Node] = set()
     # What each pointwise node's inlined code is made of: op names and the
@@ -293,6 +296,12 @@ def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
             storage = val.untyped_storage()
             found.append((StorageWeakRef(storage), concrete(storage.nbytes())))
     return found
+
+
+def has_symbolic_sizes(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's sizes, strides or offset hold a symbol."""
+    sizes = (*tensor.shape, *tensor.stride(), tensor.storage_offset())
+    return any(isinstance(s, torch.SymInt) for s in sizes)
 
 
 def concrete(x) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._library.utils import is_impure
+
+from fxckpt.types import RematKind
 
 aten = torch.ops.aten
 
@@ -196,6 +199,82 @@ def _clean_module_path(path: str) -> str:
             path = path[len(prefix):]
     path = path.replace("[", ".").replace("]", "").replace("'", "")
     return path.replace("_modules.", "").strip(".")
+
+
+def at_root(node: fx.Node) -> bool:
+    """Traced from the compiled module's own code: Dynamo records a module
+    stack for every op a submodule runs, and the ops AOTAutograd adds carry
+    the stack of the op they serve (or mark themselves autograd's)."""
+    meta = node.meta
+    return (node.op == "call_function" and not meta.get("nn_module_stack")
+            and not meta.get("fwd_nn_module_stack") and not meta.get("autograd_backward")
+            and bool(meta.get("stack_trace")))
+
+
+# Ops that read some arguments only to return their new values: BatchNorm in
+# training reads the running statistics (arguments 3 and 4) only to return
+# them updated (outputs 3 and 4); its other outputs do not depend on them.
+# Per op: the argument positions, the output positions, the training flag's.
+_STATE_ARGUMENTS = {aten._native_batch_norm_legit_functional.default: ((3, 4), (3, 4), 5)}
+
+
+def reads_only_for_state(node: fx.Node, arg: fx.Node) -> bool:
+    """``node`` reads ``arg`` only for outputs that return its new value."""
+    spec = _STATE_ARGUMENTS.get(node.target)
+    if spec is None or len(node.args) <= spec[2] or node.args[spec[2]] is not True:
+        return False
+    positions = [k for k, a in enumerate(node.args) if a is arg]
+    return bool(positions) and all(k in spec[0] for k in positions) and \
+        arg not in node.kwargs.values()
+
+
+def returns_state(node: fx.Node, index) -> bool:
+    """Output ``index`` of ``node`` is the new value of a state it read."""
+    spec = _STATE_ARGUMENTS.get(node.target)
+    return spec is not None and index in spec[1]
+
+
+# --- how torch's min-cut partitioner classes ops ------------------------------
+
+@functools.cache
+def _partitioner_ops():
+    from torch._functorch.partitioners import get_default_op_list
+    return get_default_op_list()
+
+
+def remat_kind(node: fx.Node) -> RematKind:
+    """The op classes torch's min-cut partitioner plans with (its lists of
+    views, fusible and recomputable ops; its size measure)."""
+    lists = _partitioner_ops()
+    target = packet(node) or node.target
+    size = remat_bytes(node.meta.get("val"))
+    args_size = sum(remat_bytes(a.meta.get("val")) for a in node.args if isinstance(a, fx.Node))
+    return RematKind(
+        view=target in lists.view_ops, fusible=target in lists.fusible_ops,
+        allowed=target in lists.recomputable_ops, fuses_inputs=target is aten.cat,
+        getitem=node.target is operator.getitem, reduction=size * 4 < args_size,
+        bytes=size)
+
+
+def remat_bytes(val) -> int:
+    """torch's partitioner's size of a value: elements times item size,
+    summed over a tuple's tensors; 1 for a symbolic number."""
+    if isinstance(val, (list, tuple)):
+        return sum(remat_bytes(v) for v in val if isinstance(v, torch.Tensor))
+    if isinstance(val, torch.Tensor):
+        numel = val.numel()
+        numel = numel if isinstance(numel, int) else _hint(numel)
+        return numel * val.dtype.itemsize
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return 1
+    return 0
+
+
+def _hint(value, fallback: int = 4096) -> int:
+    try:
+        return int(value.node.hint) if value.node.hint is not None else fallback
+    except Exception:  # an unbacked size: the fallback torch uses
+        return fallback
 
 
 # --- what an op does to its arguments (the eager path) ------------------------

@@ -110,6 +110,12 @@ class Planner:
         self.on_plan = on_plan
         self.reusable: list[Planned] = []
         self.cache_note: str | None = None
+        # Bytes a byte budget is planned below, where the compiled code of a
+        # plan made for it peaked that much over it (capture.py).
+        self.lowered_by = 0
+        # Plan as if no budget were given (capture.py: to learn the compiled
+        # peak of the runtime-optimal plan before refusing a budget).
+        self.without_budget = False
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
@@ -126,8 +132,11 @@ class Planner:
         if made is None:
             frontiers: list[tuple] = []
             with clock.phase("solve"):
-                decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                options = replace(self.options, budget=None) if self.without_budget \
+                    else self.options
+                decision, rewritten, timeline = solve(profile, tags, evaluate, options,
                                                       on_frontier=frontiers.append,
+                                                      lowered_by=self.lowered_by,
                                                       estimate=estimate)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
                                 graph_id=graph_id)
@@ -137,6 +146,17 @@ class Planner:
         self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
         progress.finished(planned.plan)
         return rewritten.forward, rewritten.backward
+
+    def retract(self, mark: int) -> None:
+        """Forget the plans made since ``len(self.plans)`` was ``mark``: their
+        compiled code is being thrown away and the graph planned again."""
+        del self.plans[mark:], self.records[mark:], self.graphs[mark:]
+
+    def replace_plan(self, index: int, plan: Plan) -> None:
+        """Record ``plan`` for plan ``index`` (its compiled peak known)."""
+        self.plans[index] = plan
+        if index < len(self.records):      # a FrontierPlanner keeps no records
+            self.records[index] = replace(self.records[index], plan=plan)
 
     def _follow(self, known: Planned, profile, tags, evaluate, clock, graph_id):
         """(Planned, rewritten) by ``known``'s decision, without solving, where
@@ -256,7 +276,7 @@ class FrontierPlanner(Planner):
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         with clock.phase("solve"):
             problem = problem_for(profile, tags, self.options)
-            optimal = runtime_optimal(problem)
+            optimal = runtime_optimal(problem, fuses=self.options.compiler == "inductor")
         rewritten, timeline = evaluate(optimal)
         optimal_plan = self._finish(profile, tags, optimal, rewritten, timeline,
                                     clock=clock, graph_id=graph_id)
@@ -285,22 +305,23 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
 
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
-          on_frontier: Callable[[tuple], Any] | None = None,
+          on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0,
           estimate: Evaluate | None = None):
     """Return (decision, rewritten, timeline) for the options' solver and budget.
     ``on_frontier``, under a budget, gets the frontier as (own peak, saved
-    bytes, cost) points, lowest peak first. ``estimate``: evaluate for the
+    bytes, cost) points, lowest peak first. ``lowered_by``: bytes a byte
+    budget is planned below (the decision still names the budget asked). ``estimate``: evaluate for the
     frontier's candidates, which may answer a Simulated plan (no graphs);
     the plan chosen is then rewritten and simulated for real, and if the two
     peaks differ the frontier is built again with ``evaluate``."""
     if estimate is not None and estimate is not evaluate:
         try:
-            return _solve(profile, tags, evaluate, options, on_frontier, estimate)
+            return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate)
         except _EstimateOff as off:
             log.warning("the schedule model's peak for %s differs from the rewritten "
                         "graph's (%d against %d bytes): planning again with every "
                         "candidate rewritten", off.what, off.estimated, off.real)
-    return _solve(profile, tags, evaluate, options, on_frontier, evaluate)
+    return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate)
 
 
 class _EstimateOff(Exception):
@@ -320,13 +341,14 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
     return real_rewritten, real_timeline
 
 
-def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, estimate):
+def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
+           estimate):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)
         return _within_budget(decision, rewritten, timeline, options)
-    optimal = runtime_optimal(problem)
+    optimal = runtime_optimal(problem, fuses=options.compiler == "inductor")
     if options.budget is None:
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:
@@ -339,7 +361,10 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, est
     # plan that is no more costly and peaks no higher.
     frontier = pareto_frontier(problem, estimate, options.solver,
                                (optimal, rewritten, timeline))
-    budget = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
+    # Lowered, the budget stops at the floor: the floor's plan is the last
+    # one whose compiled code is worth reading.
+    budget = max(asked - lowered_by, frontier[0].peak) if lowered_by else asked
     if on_frontier is not None:
         on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
                            saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
@@ -355,6 +380,8 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, est
         no_fit.floor = replace(floor, rewritten=checked[0], timeline=checked[1])
         raise _budget_error(no_fit) from None
     rewritten, timeline = _checked(evaluate, decision, rewritten, timeline, "the chosen plan")
+    if lowered_by:
+        decision = replace(decision, budget_bytes=asked)
     return decision, rewritten, getattr(timeline, "graph", timeline)
 
 
@@ -390,17 +417,18 @@ def _within_budget(decision, rewritten, timeline, options):
 
 def _budget_error(no_fit: NoPlanFits) -> BudgetError:
     floor, budget = no_fit.floor, no_fit.budget
+    floor_peak = floor.peak
     runtime_optimal_peak = no_fit.runtime_optimal_peak
     graph_timeline = getattr(floor.timeline, "graph", floor.timeline)
     what = dominated_by(floor.rewritten, graph_timeline) if floor.rewritten is not None \
         else "values the memory model could not break down"
     return BudgetError(
         f"no plan fits a budget of {format_bytes(budget)} for this graph: the smallest "
-        f"feasible budget is {format_bytes(floor.peak)} ({floor.peak} bytes; the "
+        f"feasible budget is {format_bytes(floor_peak)} ({floor_peak} bytes; the "
         f"runtime-optimal plan peaks at {format_bytes(runtime_optimal_peak)}). At that "
         f"floor the peak is at {graph_timeline.peak_at}, made of {what}. Raise the "
-        f"budget to at least {floor.peak} bytes, or shrink the batch.",
-        floor_bytes=floor.peak, dominated_by=what)
+        f"budget to at least {floor_peak} bytes, or shrink the batch.",
+        floor_bytes=floor_peak, dominated_by=what)
 
 
 def dominated_by(rewritten, timeline) -> str:

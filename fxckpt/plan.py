@@ -58,7 +58,13 @@ class Plan:
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
+    # Where peak_bytes was read from the compiled code (fxckpt/compiled_peak.py):
+    # the memory model's figure for the same plan; None otherwise.
+    model_peak_bytes: int | None = None
     offload_bandwidth: float | None = None   # bytes per second one way
+    # Recomputed values backward computes more than once, with how many
+    # times (Decision.again).
+    recomputed_again: tuple[tuple[str, int], ...] = ()
 
     def __repr__(self) -> str:
         return (f"Plan(graph={self.graph_id}, solver={self.solver!r}, "
@@ -103,7 +109,10 @@ class Plan:
     def fingerprint(self) -> str:
         """A hex digest of what this plan decides: which values are saved,
         offloaded, recomputed or deferred, each entry's op and bytes, and the
-        predicted saved and peak bytes. Two processes that plan alike get the
+        predicted saved and peak bytes (the memory model's, also where the
+        compiled code's peak replaced it, so a plan is recognised before it
+        is compiled), and the values recomputed more than once, where there
+        are any. Two processes that plan alike get the
         same digest: it is sha256 over JSON, not Python's ``hash()`` (salted per
         process for strings), and leaves out timings, the solver's gap and the
         graph id (a per-process counter)."""
@@ -112,8 +121,11 @@ class Plan:
             "recomputed": self.recomputed, "deferred": self.deferred,
             "entries": [(str(e.action), e.name, e.op, e.bytes) for e in self.entries],
             "saved_bytes": self.saved_bytes, "offloaded_bytes": self.offloaded_bytes,
-            "peak_bytes": self.peak_bytes,
+            "peak_bytes": self.peak_bytes if self.model_peak_bytes is None
+            else self.model_peak_bytes,
         }
+        if self.recomputed_again:
+            decided["recomputed_again"] = self.recomputed_again
         text = json.dumps(decided, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -138,7 +150,14 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     entries += [PlanEntry(name, Action.SAVED, RNG_STATE_OP, rewritten.rng_state_bytes[name], 0.0, 0,
                           "-", "generator state a recomputed random op replays", "")
                 for name in rewritten.rng_states]
+    steps = dict(decision.again)
+    again = tuple((n, 1 + len(steps[n])) for n in recomputed if n in steps)
+    extra = [n for n, times in again for _ in range(times - 1)]
     notes = []
+    if again:
+        notes.append(f"{len(again)} value(s) recomputed more than once ({len(extra)} extra "
+                     "copies): a copy is freed after an idle stretch and made again "
+                     "when backward next needs it")
     if rewritten.rng_states:
         notes.append(f"{len(rewritten.rng_states)} random op(s) recomputed with their "
                      "RNG state replayed")
@@ -154,8 +173,9 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
         offload_bandwidth=decision.offload_bandwidth,
         peak_bytes=timeline.peak_bytes,
         peak_at=timeline.peak_at,
-        recompute_flops=sum(profile.nodes[n].flops for n in recomputed),
-        recompute_cost=sum(profile.nodes[n].cost for n in recomputed),
+        recompute_flops=sum(profile.nodes[n].flops for n in (*recomputed, *extra)),
+        recompute_cost=sum(profile.nodes[n].cost for n in (*recomputed, *extra)),
+        recomputed_again=again,
         solver=decision.solver,
         solve_seconds=decision.solve_seconds,
         budget_bytes=budget_bytes,
@@ -232,6 +252,8 @@ def merge_plans(plans: list[Plan]) -> Plan:
     return Plan(
         saved=names("saved"), recomputed=names("recomputed"), deferred=names("deferred"),
         offloaded=names("offloaded"),
+        recomputed_again=tuple((f"g{p.graph_id}.{n}", times) for p in plans
+                               for n, times in p.recomputed_again),
         saved_bytes=sum(p.saved_bytes for p in plans),
         offloaded_bytes=sum(p.offloaded_bytes for p in plans),
         peak_bytes=peak, peak_at=peak_at,

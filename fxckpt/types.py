@@ -58,10 +58,17 @@ class Origin(_Word):
 RNG_STATE_OP = "rng state"
 # A recompute clone in the backward graph is named after the forward value.
 RECOMPUTED_SUFFIX = "_recomputed"
+COPY_INFIX = "_copy"
 
 
 def recomputed_name(name: str) -> str:
     return name + RECOMPUTED_SUFFIX
+
+
+def copy_recomputed_name(name: str, copy: int) -> str:
+    """The name of an earlier backward copy of a value recomputed more than
+    once (see Decision.again); the last copy has ``recomputed_name``."""
+    return f"{name}{COPY_INFIX}{copy}{RECOMPUTED_SUFFIX}"
 
 
 def is_recomputed_name(name: str) -> bool:
@@ -76,6 +83,20 @@ def point(phase: Phase, name: str) -> str:
 def split_point(at: str) -> tuple[Phase, str]:
     phase, _, name = at.partition(":")
     return Phase(phase), name
+
+
+@dataclass(frozen=True)
+class RematKind:
+    """How torch's min-cut partitioner (torch._functorch.partitioners) sees
+    one op, so that a reference strategy can plan as torch.compile does."""
+
+    view: bool = False          # on its list of views: never banned from recompute
+    fusible: bool = False       # fuses with a fusible neighbour (a recompute it counts as free)
+    allowed: bool = False       # on its allowlist of ops it may recompute
+    fuses_inputs: bool = False  # any producer fuses into it (a concatenation)
+    getitem: bool = False       # an element of a multi-output op
+    reduction: bool = False     # its output is under a quarter of its inputs' size
+    bytes: int = 0              # its size measure: elements times item size
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,10 @@ class NodeProfile:
     # nodes AOTAutograd adds for backward, the module of the op they serve
     # (fwd_nn_module_stack); "" when the graph records neither.
     owner_module_path: str = ""
+    # Traced from the compiled module's own code (no module stack, not an
+    # op AOTAutograd adds): outside every submodule.
+    at_root: bool = False
+    remat: RematKind | None = None   # None: derived from the fields above
 
     @property
     def recomputable(self) -> bool:
@@ -166,3 +191,13 @@ class Decision:
     # Bytes per second one way between device and host that priced offload
     # (None when nothing could be offloaded).
     offload_bandwidth: float | None = None
+    # Recomputed values backward computes more than once, each with the
+    # backward steps (indices into the profile's backward nodes, in graph
+    # order) from which a new copy serves: copy 0 serves what needs the value
+    # before the first step, copy j what needs it from step j on. A copy is
+    # freed once what it serves ran. Pairs (name, steps), sorted by name.
+    again: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def recomputed_again(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.again)

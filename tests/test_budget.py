@@ -34,7 +34,9 @@ def _floor_and_optimal():
 
 def test_budget_sweep_on_gpt():
     floor, optimal = _floor_and_optimal()
-    assert floor < 0.8 * optimal
+    # A range worth sweeping (0.82 since the rewrite takes a tuple's
+    # elements out at once, which lowered the runtime-optimal peak).
+    assert floor < 0.85 * optimal
     budgets = [int(b) for b in np.linspace(floor, optimal, 8)]
     model, inputs, loss_fn = fresh(ZOO["gpt"])
     reference = run_step(Step(model, loss_fn), inputs, lambda loss: loss)

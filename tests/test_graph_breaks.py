@@ -26,7 +26,7 @@ import torch.utils.checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_saved_bytes
-from fxckpt.policies import save_matmuls
+from fxckpt.policies import recompute_all, save_matmuls
 
 try:  # run as package ``tests``
     from tests.harness import assert_bitwise_equal, run_step
@@ -84,9 +84,10 @@ class Body(nn.Module):
 class Net(nn.Module):
     """A compiled stem and head around the body."""
 
-    def __init__(self, kind: str, *, torch_checkpoint: bool = False) -> None:
+    def __init__(self, kind: str, *, torch_checkpoint: bool = False, checkpoint=None) -> None:
         super().__init__()
-        self.torch_checkpoint = torch_checkpoint
+        self.checkpoint = (checkpoint if checkpoint is not None
+                           else torch.utils.checkpoint.checkpoint if torch_checkpoint else None)
         self.stem = nn.Sequential(nn.Linear(32, 4 * D), nn.GELU(), nn.Dropout(0.1),
                                   nn.Linear(4 * D, D), nn.Tanh())
         self.body = Body(kind)
@@ -95,8 +96,8 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.stem(x)
-        if self.torch_checkpoint:
-            h = torch.utils.checkpoint.checkpoint(self.body, h, use_reentrant=False)
+        if self.checkpoint is not None:
+            h = self.checkpoint(self.body, h, use_reentrant=False)
         else:
             h = self.body(h)
         return self.head(self.norm(h))
@@ -128,40 +129,86 @@ def saved_bytes(module: nn.Module, inputs: tuple, loss_fn, *, compiled: bool = F
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_breaks_fall_back_bitwise_and_save_less(kind, capsys):
+    """Without a budget the compiled graphs run fxckpt's runtime-optimal plan
+    (under compiler="eager": recompute only what costs nothing, or what no
+    reader needs materialised) and the breaking body runs at its floor: no
+    more saved than aot_eager, nor than torch's fallback where the body is a
+    region as torch's checkpoint is (with the disabled hook the body compiles
+    whole and only torch's fallback checkpoints it). With a policy that
+    recomputes what it can (``recompute_all()``) the graphs trade recompute
+    for memory too, and the step saves less than both. (A floor budget would
+    minimise the step's peak, not its saved bytes.)"""
     model, inputs, loss_fn = make_net(kind)
     reference = run_step(copy.deepcopy(model), inputs, loss_fn)
     compiled = fxckpt.compile(copy.deepcopy(model), compiler="eager")
-    got = run_step(compiled, inputs, loss_fn)
-    assert_bitwise_equal(reference, got)
+    assert_bitwise_equal(reference, run_step(compiled, inputs, loss_fn))
+    recomputing = fxckpt.compile(copy.deepcopy(model), compiler="eager",
+                                 policy=recompute_all())
+    assert_bitwise_equal(reference, run_step(recomputing, inputs, loss_fn))
 
-    report = compiled.fxckpt_report
-    if kind == "disabled_hook":
-        # The hook breaks the caller's graph; the body's forward compiles
-        # whole, and no checkpoint is put around the hook.
-        assert report.fallback_modules == []
-        assert [s.module for s in report.kept] == [""] and "hooks" in report.kept[0].note
-    else:
-        assert report.fallback_modules == ["body"]
-        assert report.regions[0].saved_bytes == BATCH * D * 4  # only its input
-    text = str(report)
-    assert "body" in text and report.graphs and all(g.plan for g in report.graphs)
+    for report in (compiled.fxckpt_report, recomputing.fxckpt_report):
+        if kind == "disabled_hook":
+            # The hook breaks the caller's graph; the body's forward compiles
+            # whole, and no checkpoint is put around the hook.
+            assert report.fallback_modules == []
+            assert [s.module for s in report.kept] == [""] and "hooks" in report.kept[0].note
+        else:
+            assert report.fallback_modules == ["body"]
+            assert report.regions[0].saved_bytes == BATCH * D * 4  # only its input
+        text = str(report)
+        assert "body" in text and report.graphs and all(g.plan for g in report.graphs)
 
-    ours = saved_bytes(compiled, inputs, loss_fn, compiled=True)
+    default = saved_bytes(compiled, inputs, loss_fn, compiled=True)
+    ours = saved_bytes(recomputing, inputs, loss_fn, compiled=True)
     aot_eager = saved_bytes(torch.compile(copy.deepcopy(model), backend="aot_eager"),
                             inputs, loss_fn)
     fallback_model, _, _ = make_net(kind, torch_checkpoint=True)
     torch_fallback = saved_bytes(torch.compile(fallback_model, backend="aot_eager"),
                                  inputs, loss_fn)
     with capsys.disabled():
-        print(f"\n[{kind}] saved for backward: fxckpt.compile {ours} B, "
-              f"aot_eager {aot_eager} B, torch checkpoint fallback {torch_fallback} B")
+        print(f"\n[{kind}] saved for backward: fxckpt.compile {default} B "
+              f"(recompute_all: {ours} B), aot_eager {aot_eager} B, torch checkpoint "
+              f"fallback {torch_fallback} B")
+    assert default <= aot_eager
+    if kind != "disabled_hook":
+        assert default <= torch_fallback
     assert ours < 0.8 * aot_eager
     assert ours < torch_fallback
     if kind == "disabled_hook":
         # Once per step under fxckpt; torch's checkpoint runs it again in backward.
         assert hook_calls_per_step(compiled, inputs, loss_fn) == 1
+        assert hook_calls_per_step(recomputing, inputs, loss_fn) == 1
         assert hook_calls_per_step(torch.compile(fallback_model, backend="aot_eager"),
                                    inputs, loss_fn) == 2
+
+
+class TwiceNet(Net):
+    """The breaking body runs twice: once plain, once under the model's own
+    checkpoint (torch's or fxckpt's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.stem(x))
+        h = self.checkpoint(self.body, h, use_reentrant=False)
+        return self.head(self.norm(h))
+
+
+@pytest.mark.parametrize("checkpoint", [torch.utils.checkpoint.checkpoint, fxckpt.checkpoint],
+                         ids=["torch", "fxckpt"])
+def test_region_call_inside_the_models_own_checkpoint_is_left_to_it(checkpoint):
+    """The breaking body becomes a fallback region (its plain call breaks);
+    its call under the model's own checkpoint is recognised as enclosed and
+    left to that checkpoint, not checkpointed a second time inside it."""
+    torch.manual_seed(0)
+    model = TwiceNet("item", checkpoint=checkpoint).train()
+    _, inputs, loss_fn = make_net("item")
+    reference = run_step(copy.deepcopy(model), inputs, loss_fn)
+    compiled = fxckpt.compile(copy.deepcopy(model), compiler="eager")
+    assert_bitwise_equal(reference, run_step(compiled, inputs, loss_fn))
+    (region,) = compiled.fxckpt_report.regions
+    assert region.module == "body"
+    # Per step: the plain call, the call under the checkpoint and its
+    # recomputation in backward.
+    assert (region.calls, region.enclosed_calls) == (3, 2)
 
 
 def hook_calls_per_step(module: nn.Module, inputs: tuple, loss_fn) -> int:
@@ -240,34 +287,51 @@ def test_hf_llama_whose_attention_breaks_the_graph(capsys):
     """With gradient checkpointing on, the break inside each checkpointed
     layer makes Dynamo run torch's checkpoint eagerly (torch's fallback);
     the attention regions then leave their activations to it, and fxckpt's
-    gain is in the compiled graphs. Without it, the regions are what keeps
-    the attention's activations from being saved in full."""
+    gain can only be in the compiled graphs: the default plan (under
+    compiler="eager" it recomputes only what torch's partitioner would) saves
+    no more than torch's fallback, and a policy that recomputes what it can
+    saves less. Without it, the regions are what keeps the attention's
+    activations from being saved in full: the default plan saves less than
+    aot_eager, and with that policy less than half."""
     attention = [f"model.model.layers.{i}.self_attn" for i in range(2)]
     model, inputs, loss_fn = _hf_llama(gradient_checkpointing=True)
     reference = run_step(copy.deepcopy(model), inputs, loss_fn)
     compiled = fxckpt.compile(copy.deepcopy(model), compiler="eager")
     assert_bitwise_equal(reference, run_step(compiled, inputs, loss_fn), check_outputs=False)
     assert compiled.fxckpt_report.fallback_modules == attention
-    ours = saved_bytes(compiled, inputs, loss_fn, compiled=True)
+    recomputing = fxckpt.compile(copy.deepcopy(model), compiler="eager",
+                                 policy=recompute_all())
+    assert_bitwise_equal(reference, run_step(recomputing, inputs, loss_fn), check_outputs=False)
+    assert recomputing.fxckpt_report.fallback_modules == attention
+    default = saved_bytes(compiled, inputs, loss_fn, compiled=True)
+    ours = saved_bytes(recomputing, inputs, loss_fn, compiled=True)
     torch_fallback = saved_bytes(torch.compile(model, backend="aot_eager"), inputs, loss_fn)
 
     # Without gradient checkpointing, the graph breaks make aot_eager itself
     # differ from eager in the last bits (gradients summed in another order
-    # across graphs); fxckpt.compile matches aot_eager bit for bit.
+    # across graphs); fxckpt.compile matches aot_eager bit for bit. Dynamo
+    # starts afresh: three more compiles of the same layers' code would pass
+    # its recompile limit, and a frame past it runs uncompiled.
+    torch._dynamo.reset()
     plain, inputs, loss_fn = _hf_llama(gradient_checkpointing=False)
     aot = torch.compile(copy.deepcopy(plain), backend="aot_eager")
     aot_step = run_step(aot, inputs, loss_fn)
-    compiled_plain = fxckpt.compile(plain, compiler="eager")
+    compiled_plain = fxckpt.compile(copy.deepcopy(plain), compiler="eager")
     assert_bitwise_equal(aot_step, run_step(compiled_plain, inputs, loss_fn), check_outputs=False)
-    report = compiled_plain.fxckpt_report
-    assert report.fallback_modules == attention
-    assert all(r.saved_bytes for r in report.regions)
-    ours_plain = saved_bytes(compiled_plain, inputs, loss_fn, compiled=True)
+    plain_recomputing = fxckpt.compile(plain, compiler="eager", policy=recompute_all())
+    assert_bitwise_equal(aot_step, run_step(plain_recomputing, inputs, loss_fn), check_outputs=False)
+    for report in (compiled_plain.fxckpt_report, plain_recomputing.fxckpt_report):
+        assert report.fallback_modules == attention
+        assert all(r.saved_bytes for r in report.regions)
+    default_plain = saved_bytes(compiled_plain, inputs, loss_fn, compiled=True)
+    ours_plain = saved_bytes(plain_recomputing, inputs, loss_fn, compiled=True)
     aot_eager = saved_bytes(aot, inputs, loss_fn, compiled=True)
     with capsys.disabled():
         print(f"\n[hf_llama, gradient checkpointing] saved for backward: fxckpt.compile "
-              f"{ours} B, torch checkpoint fallback (aot_eager) {torch_fallback} B")
+              f"{default} B (recompute_all: {ours} B), torch checkpoint fallback (aot_eager) "
+              f"{torch_fallback} B")
         print(f"[hf_llama, no checkpointing] saved for backward: fxckpt.compile "
-              f"{ours_plain} B, aot_eager {aot_eager} B")
-    assert ours < torch_fallback
+              f"{default_plain} B (recompute_all: {ours_plain} B), aot_eager {aot_eager} B")
+    assert default <= torch_fallback and ours < torch_fallback
+    assert default_plain < aot_eager
     assert ours_plain < 0.5 * aot_eager

@@ -13,16 +13,18 @@ from torch.utils.checkpoint import checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.models import make_model
+from fxckpt.models import ConvNet, make_model
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
     from tests.opcount import OpCounter
-    from tests.zoo import make_hf_gpt2
+    from tests.zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
+    from tests.golden_graphs import graphs as golden_graphs
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
     from opcount import OpCounter
-    from zoo import make_hf_gpt2
+    from zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
+    from golden_graphs import graphs as golden_graphs
 
 aten = torch.ops.aten
 # Views and aliases move no data; which of two aliases a partitioner keeps is
@@ -36,9 +38,19 @@ def _gpt():
     return make_model("gpt", size="tiny")
 
 
+def _cnn():
+    """Three conv blocks (BatchNorm in training: running statistics updated in
+    place) on small images."""
+    torch.manual_seed(0)
+    model = ConvNet(widths=(4, 8, 8), n_classes=10)
+    images, labels = torch.randn(2, 3, 16, 16), torch.randint(10, (2,))
+    return model, (images,), functools.partial(torch.nn.functional.cross_entropy, target=labels)
+
+
 def _blocks(model):
+    """The repeated blocks (a ModuleList or Sequential of more than one)."""
     return next(m for m in model.modules()
-                if isinstance(m, torch.nn.ModuleList) and len(m) > 1)
+                if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) > 1)
 
 
 def _checkpointed(forward, *args, **kwargs):
@@ -69,7 +81,8 @@ def _step(make, backend, *, per_block_checkpoint=False):
     return Counter(counter.counts["backward"]), measure_peak_bytes(step)
 
 
-@pytest.mark.parametrize("make", [_gpt, make_hf_gpt2], ids=["gpt", "hf_gpt2"])
+@pytest.mark.parametrize("make", [_gpt, _cnn, make_resnet_inplace, make_hf_gpt2, make_hf_llama],
+                         ids=["gpt", "cnn", "resnet_inplace", "hf_gpt2", "hf_llama"])
 def test_per_block_recomputes_what_torch_per_block_checkpoint_does(make, reset_dynamo):
     torch_ops, torch_peak = _step(make, "aot_eager", per_block_checkpoint=True)
     ours, peak = _step(make, fxckpt.backend(compiler="eager", solver="per_block"))
@@ -101,3 +114,71 @@ def test_reference_strategies_are_bitwise(solver, reset_dynamo):
     model, inputs, loss_fn = _gpt()
     compiled = torch.compile(model, backend=fxckpt.backend(compiler="eager", solver=solver))
     assert_bitwise_equal(run_step(compiled, inputs, loss_fn, seed=0), reference)
+
+
+class _UpdatesABuffer(torch.nn.Module):
+    """Reads a buffer, then updates it in place: a recompute of ``h`` in
+    backward would read the updated value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("shift", torch.full((8,), 2.0))
+
+    def forward(self, x):
+        h = self.lin(x) + self.shift
+        with torch.no_grad():
+            self.shift.mul_(0.5)
+        return torch.sin(h).cos().sum()
+
+
+@pytest.mark.parametrize("solver", ["per_block", "recompute_all"])
+def test_no_recompute_reads_an_input_the_step_updated(solver, reset_dynamo):
+    def make():
+        torch.manual_seed(0)
+        return _UpdatesABuffer(), (torch.randn(4, 8),), lambda out: out
+
+    reference = run_step(*make(), seed=0)
+    torch._dynamo.reset()
+    model, inputs, loss_fn = make()
+    compiled = torch.compile(model, backend=fxckpt.backend(compiler="eager", solver=solver))
+    assert_bitwise_equal(run_step(compiled, inputs, loss_fn, seed=0), reference)
+
+
+def test_batch_norm_in_training_recomputes_but_not_its_running_statistics(reset_dynamo):
+    """It reads the running statistics only to return them updated: its
+    output is recomputed, the updated statistics (outputs 3 and 4) are not."""
+    model, inputs, loss_fn = _cnn()
+    backend = fxckpt.backend(compiler="eager", solver="per_block")
+    loss_fn(torch.compile(model, backend=backend)(*inputs)).backward()
+    entries = [e for plan in backend.plans for e in plan.entries]
+    recomputed = Counter(e.op for e in entries if e.action == "recomputed")
+    assert recomputed["aten._native_batch_norm_legit_functional.default"] == 3
+    assert not {"getitem[3]", "getitem[4]"} & set(recomputed)
+    saved = Counter(e.op for e in entries if e.action == "saved")
+    assert saved["getitem[3]"] == saved["getitem[4]"] == 3
+
+
+@pytest.mark.parametrize("name", ["chain", "diamond", "attention"])
+def test_without_blocks_per_block_saves_what_torchs_partitioner_saves(name, monkeypatch,
+                                                                      reset_dynamo):
+    """No repeated block: per_block is torch's min cut alone (its weights,
+    bans and choice among equal cuts). Inputs aside, as the two captures
+    number the lifted parameters differently."""
+    from torch._functorch import partitioners
+
+    model, inputs = golden_graphs()[name]
+    gm = torch.fx.symbolic_trace(model)
+    plan = fxckpt.explain(gm, *inputs, solver="per_block", compiler="eager")
+    chosen: list[str] = []
+    solve = partitioners.solve_min_cut
+
+    def spy(*args, **kwargs):
+        saved, banned = solve(*args, **kwargs)
+        chosen.extend(n.name for n in saved)
+        return saved, banned
+
+    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    torch.compile(gm, backend="aot_eager")(*inputs).backward()
+    ours = {n for n in plan.saved if not n.startswith("primals")}
+    assert ours == {n for n in chosen if not n.startswith("primals")}

@@ -22,10 +22,13 @@ def _gpt():
     return Step(model, loss_fn), inputs
 
 
+# compiler="eager": under Inductor the backend checks each plan against the
+# code Inductor generates and may plan lower or refuse, while pareto's rows
+# are the memory model's frontier (not fed back yet).
 @pytest.fixture(scope="module")
 def sweep():
     step, inputs = _gpt()
-    return pareto_module.pareto(step, *inputs)
+    return pareto_module.pareto(step, *inputs, compiler="eager")
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +99,11 @@ def test_pareto_rows_are_the_plans_the_backend_picks(sweep):
     assert peaks[0] == floor
     step, inputs = _gpt()
     for row in sweep.rows[1:3]:
-        plan = fxckpt.explain(step, *inputs, budget=row.budget_bytes)
+        plan = fxckpt.explain(step, *inputs, budget=row.budget_bytes, compiler="eager")
         assert (plan.peak_bytes, plan.recompute_cost, set(plan.saved)) == \
             (row.predicted_peak_bytes, row.recompute_cost, set(row.plan.saved))
     with pytest.raises(fxckpt.BudgetError) as refused:
-        fxckpt.explain(step, *inputs, budget=1)
+        fxckpt.explain(step, *inputs, budget=1, compiler="eager")
     assert refused.value.floor_bytes == floor
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -102,12 +103,27 @@ def random_decision(profile, draw_bits: int) -> Decision:
     return Decision(saved=frozenset(saved), recomputed=frozenset(recomputed), solver="random")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32))
-def test_model_peak_is_memory_models_peak(seed, bits):
+def with_random_again(profile, decision: Decision, draw_bits: int) -> Decision:
+    """Some recomputed values made again: each from one to three random
+    backward steps on (Decision.again), steps past the end included."""
+    rng = random.Random(draw_bits)
+    steps = sum(1 for p in profile.nodes.values() if p.phase == BACKWARD)
+    again = tuple((name, tuple(sorted(set(rng.randrange(steps + 2)
+                                          for _ in range(rng.randint(1, 3))))))
+                  for name in sorted(decision.recomputed) if rng.random() < 0.4)
+    return replace(decision, again=again)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32), again=st.booleans())
+def test_model_peak_is_memory_models_peak(seed, bits, again):
+    """With Decision.again too: one copy per range of backward steps."""
     joint, profile, tags, num_fwd_outputs, model = analysed(seed)
     assert model is not None
     decision = random_decision(profile, bits)
+    if again:
+        decision = with_random_again(profile, decision, bits)
+        assume(decision.again)
     try:
         verify_decision(profile, tags, decision)
     except PlanError:

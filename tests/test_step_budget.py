@@ -138,7 +138,21 @@ def test_the_string_backend_shares_one_budget_across_graphs():
     optimal = measured_step(torch.compile(reference, backend=fxckpt.backend(compiler="eager")),
                             inputs, loss_fn)
     torch._dynamo.reset()
-    budget = int(0.95 * optimal)
+    # A budget below the first graph's own floor is refused at its compile,
+    # naming that graph's floor (the step is not known yet); asked for, that
+    # budget is refused after the first step, naming the step's floor.
+    floors = []
+    for budget in (1, None):
+        compiled = torch.compile(SplitInTwo(), backend="fxckpt",
+                                 options={"budget": budget or floors[-1], "compiler": "eager"})
+        with pytest.raises(fxckpt.BudgetError) as refused:
+            for _ in range(2):  # the step is known once the first one has run
+                run_step(compiled, inputs, loss_fn)
+        floors.append(refused.value.floor_bytes)
+        torch._dynamo.reset()
+    floor = floors[-1]
+    assert floors[0] < floor < optimal
+    budget = (floor + optimal) // 2
     model = SplitInTwo()
     compiled = torch.compile(model, backend="fxckpt",
                              options={"budget": budget, "compiler": "eager"})

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -331,10 +332,15 @@ def _checkpoint_around() -> bool:
     """Whether the saved-tensor hooks on top are a checkpoint's (torch's or
     fxckpt's, in forward or in recomputation)."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    return hooks is not None and getattr(hooks[0], "__module__", None) in _CHECKPOINT_MODULES
+    if hooks is None:
+        return False
+    module = getattr(hooks[0], "__module__", None) or ""
+    return module in _CHECKPOINT_MODULES
 
 
-_CHECKPOINT_MODULES = ("torch.utils.checkpoint", "fxckpt.eager")
+# Where checkpoints' pack hooks are defined: torch's, and fxckpt.checkpoint's
+# (its forward and recomputation hooks).
+_CHECKPOINT_MODULES = frozenset({torch.utils.checkpoint.__name__, checkpoint.__module__})
 
 
 def _call_forward(module: nn.Module, forward, args: tuple, kwargs: dict):

@@ -150,7 +150,7 @@ class FallbackReport:
         return sum(p.saved_bytes for p in self.plans)
 
     def __str__(self) -> str:
-        lines = [f"fxckpt.entry.compile: {len(self.graphs)} compiled graph(s), "
+        lines = [f"fxckpt.compile: {len(self.graphs)} compiled graph(s), "
                  f"{len(self.regions)} fallback region(s), budget "
                  f"{self.budget if self.budget is not None else 'none'}, "
                  f"policy {self.policy!r}",

@@ -1,4 +1,4 @@
-"""fxckpt.entry.explain: the Plan for a model or graph, without training it."""
+"""fxckpt.explain: the Plan for a model or graph, without training it."""
 
 from __future__ import annotations
 

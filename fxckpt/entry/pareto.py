@@ -1,4 +1,4 @@
-"""fxckpt.entry.pareto: what each memory budget costs, from one capture.
+"""fxckpt.pareto: what each memory budget costs, from one capture.
 
 The budget only selects among a fixed set of plans: solve/frontier.py builds
 the graph's peak / recompute-cost frontier without looking at the budget,

@@ -1,4 +1,4 @@
-"""fxckpt.entry.transform: a GraphModule in, a module that trains by the plan out."""
+"""fxckpt.transform: a GraphModule in, a module that trains by the plan out."""
 
 from __future__ import annotations
 

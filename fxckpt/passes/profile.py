@@ -44,6 +44,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     static = set(static_input_indices)
     backward = tangent_dependent(graph)
     mutated = _mutated_inputs(graph)
+    written = _written_inputs(graph)
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
     primal_index = 0
@@ -65,20 +66,13 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
         if is_input and node.name.startswith("primals"):
             is_static = primal_index in static or _is_parameter_or_buffer(node)
             primal_index += 1
-        not_recomputable = op_kinds.not_recomputable_reason(node)
-        reads_mutated = [i.name for i in node.all_input_nodes if i in mutated]
-        if node.target is operator.getitem and node.args[0].name in nodes:
-            not_recomputable = nodes[node.args[0].name].not_recomputable
-        elif not not_recomputable and reads_mutated:
-            not_recomputable = (f"reads {reads_mutated[0]}, an input the step mutates in "
-                                "place (a recompute would read the new value)")
+        not_recomputable = _not_recomputable(node, nodes, mutated | written)
         flops = _flops(node)
         moved = 0 if (not is_tensor and node.target is operator.getitem) else _bytes_moved(node)
         if op_kinds.is_view(node) or node.target is operator.getitem:
             moved = 0
         nodes[node.name] = NodeProfile(
             name=node.name,
-            op=op_kinds.op_name(node),
             phase=BACKWARD if node in backward else FORWARD,
             inputs=tuple(i.name for i in node.all_input_nodes),
             bytes=own_bytes,
@@ -91,17 +85,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             is_tensor=is_tensor,
             device=val.device.type if is_tensor else "",
             is_symbolic=isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)),
-            is_view=op_kinds.is_view(node),
-            is_pointwise=op_kinds.is_pointwise(node),
-            is_random=op_kinds.is_random(node),
-            replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
-            if op_kinds.is_random(node) else 0,
-            workspace=workspace_bytes(node),
-            is_compute_intensive=op_kinds.is_compute_intensive(node),
             not_recomputable=not_recomputable,
-            source=op_kinds.source_line(node),
-            module_path=op_kinds.module_path(node),
-            owner_module_path=op_kinds.owner_module_path(node),
+            **_op_fields(node),
         )
     flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
     fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))
@@ -111,6 +96,52 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     needed |= {name for name in bwd_outputs if nodes[name].phase == FORWARD}
     return Profile(nodes=nodes, needed_by_backward=frozenset(needed),
                    forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
+
+
+def _op_fields(node: fx.Node) -> dict:
+    """The NodeProfile fields that classify the node's op and its origin."""
+    return dict(
+        op=op_kinds.op_name(node),
+        is_view=op_kinds.is_view(node),
+        is_pointwise=op_kinds.is_pointwise(node),
+        is_random=op_kinds.is_random(node),
+        replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
+        if op_kinds.is_random(node) else 0,
+        workspace=workspace_bytes(node),
+        is_compute_intensive=op_kinds.is_compute_intensive(node),
+        source=op_kinds.source_line(node),
+        module_path=op_kinds.module_path(node),
+        owner_module_path=op_kinds.owner_module_path(node),
+        at_root=op_kinds.at_root(node),
+        remat=op_kinds.remat_kind(node),
+    )
+
+
+def _not_recomputable(node: fx.Node, nodes: dict[str, NodeProfile], mutated) -> str:
+    """Why the node cannot run again in backward ("" if it can); ``mutated``
+    are the inputs the step writes, which a recompute would read updated."""
+    if node.target is operator.getitem and node.args[0].name in nodes:
+        parent = node.args[0]
+        if op_kinds.returns_state(parent, node.args[1]) and \
+                any(i in mutated for i in parent.all_input_nodes):
+            return ("the new value of a running statistic (a recompute would update "
+                    "the already updated one)")
+        return nodes[parent.name].not_recomputable
+    reason = op_kinds.not_recomputable_reason(node)
+    reads = [i.name for i in node.all_input_nodes
+             if i in mutated and not op_kinds.reads_only_for_state(node, i)]
+    if not reason and reads:
+        reason = (f"reads {reads[0]}, an input the step mutates in "
+                  "place (a recompute would read the new value)")
+    return reason
+
+
+def _written_inputs(graph: fx.Graph) -> set[fx.Node]:
+    """Inputs the forward graph itself copies a new value into (AOTAutograd
+    keeps such mutations in the graph where it can)."""
+    return {node.args[0] for node in graph.find_nodes(op="call_function",
+                                                      target=torch.ops.aten.copy_.default)
+            if isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"}
 
 
 def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:

@@ -10,11 +10,19 @@ In order, with no interleaving:
 4. schedule backward so each clone runs just before its first use, and drop
    anything backward does not need. FX's code generator frees every value
    after its last use, so a recomputed value lives only as long as it must.
+
+A value the decision recomputes again (Decision.again) gets one clone per
+range of backward steps; what needs it within a range reads that range's
+copy, so an earlier copy is freed once its readers ran and the value is
+made again when backward next needs it. The copies of a random op replay
+the one saved generator state, so they are equal.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import operator
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
@@ -22,7 +30,8 @@ import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
+from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
+                          recomputed_name)
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
 from fxckpt.passes.graphs import copy_graph_module, fake_mode_of
@@ -34,7 +43,9 @@ class Rewritten:
     saved: tuple[str, ...]          # forward outputs kept for backward, in order
     rng_states: tuple[str, ...]     # the saved generator states among them
     rng_state_bytes: dict[str, int]  # bytes of each saved generator state
-    clones: dict[str, str]          # recomputed value -> its node in backward
+    clones: dict[str, str]          # recomputed value -> the node backward's own nodes read
+    # value recomputed more than once -> its copies before the last, in order
+    earlier: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
@@ -50,7 +61,7 @@ def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
     hosts = _offload(graph, by_name, decision.offloaded)
-    clones, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
+    clones, earlier, states = _build_recompute(graph, profile, decision, num_fwd_outputs,
                                       hosts={by_name[v]: h for v, h in hosts.items()})
     _ensure_topological(graph)
     saved_nodes = [hosts.get(name, by_name[name])
@@ -60,14 +71,16 @@ def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
     saved_sym = [n for n in saved_nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
     forward, backward = _extract_fwd_bwd_modules(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
-    backward.graph = _schedule_just_in_time(backward.graph, set(clones.values()))
+    backward.graph = _schedule_just_in_time(backward.graph,
+                                            set(clones.values())
+                                            | {c for made in earlier.values() for c in made})
     backward.recompile()
     return Rewritten(
         forward=forward, backward=backward,
         saved=tuple(n.name for n in saved_sym + saved_values),
         rng_states=tuple(n.name for n in states),
         rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
-        clones=clones)
+        clones=clones, earlier=earlier)
 
 
 def _storage_nbytes(val) -> int:
@@ -100,10 +113,12 @@ def _offload(graph: fx.Graph, by_name: dict[str, fx.Node], offloaded) -> dict[st
 
 def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                      num_fwd_outputs: int, *, hosts: dict[fx.Node, fx.Node]
-                     ) -> tuple[dict[str, str], list[fx.Node]]:
-    """Clone recomputed values in front of the backward; return clone names
-    (reloads of offloaded values among them) and the RNG-state nodes forward
-    must now save. Backward reads an offloaded value through its reload."""
+                     ) -> tuple[dict[str, str], dict[str, tuple[str, ...]], list[fx.Node]]:
+    """Clone recomputed values in front of the backward; return the names of
+    their last copies (reloads of offloaded values among them), of the
+    earlier copies of values recomputed more than once, and the RNG-state
+    nodes forward must now save. Backward reads an offloaded value through
+    its reload."""
     order = [n for n in graph.nodes if n.name in decision.recomputed]
     first_backward = next(
         (n for n in graph.nodes
@@ -118,35 +133,119 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                                        name=f"{value.name}_reloaded")
         reload.meta = dict(value.meta)
         clone_of[value] = reload
-    states: list[fx.Node] = []
-    fake_mode = fake_mode_of(graph) if any(profile.nodes[n.name].is_random for n in order) \
-        else None  # read once: finding it reads every node
-    for node in order:
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs),
-                                       lambda a: clone_of.get(a, a))
-        name = recomputed_name(node.name)
-        with graph.inserting_before(first_backward):
-            if profile.nodes[node.name].is_random:
-                state, forward_value = rng.save_rng_state_in_forward(
-                    graph, node, fake_mode=fake_mode)
-                clone = rng.replay_call(graph, node, state, args, kwargs, name)
-                states.append(state)
-                # Forward users now read ``forward_value``; clones of them must
-                # read the replay instead.
-                clone_of[forward_value] = clone
-            else:
-                clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
-                clone.meta = dict(node.meta)
-        clone_of[node] = clone
+    copies, states = _emit_copies(graph, profile, order, dict(decision.again), clone_of,
+                                  before=first_backward)
+    at = _backward_steps(profile)
+    last = {**clone_of, **{value: made[-1][1] for value, made in copies.items()}}
     for node in list(graph.nodes):
         if node.op == "output" or profile.nodes.get(node.name, None) is None:
             continue
         if profile.nodes[node.name].phase == BACKWARD:
-            for original in [i for i in node.all_input_nodes if i in clone_of]:
-                node.replace_input_with(original, clone_of[original])
-    _point_backward_outputs_at_clones(graph, num_fwd_outputs, clone_of)
-    clone_names = {orig.name: c.name for orig, c in clone_of.items()}
-    return clone_names, states
+            step = at[node.name]
+            for original in [i for i in node.all_input_nodes if i in last]:
+                node.replace_input_with(original, _pick(original, step, copies, clone_of))
+    _point_backward_outputs_at_clones(graph, num_fwd_outputs, last)
+    clone_names = {orig.name: c.name for orig, c in last.items()}
+    earlier = {orig.name: tuple(c.name for _, c in made[:-1])
+               for orig, made in copies.items() if len(made) > 1}
+    return clone_names, earlier, states
+
+
+def _backward_steps(profile: Profile) -> dict[str, int]:
+    """Each backward node's index among backward nodes, in graph order: the
+    steps Decision.again names."""
+    backward = [name for name, node in profile.nodes.items() if node.phase == BACKWARD]
+    return {name: k for k, name in enumerate(backward)}
+
+
+def _pick(value: fx.Node, step: float, copies, clone_of) -> fx.Node:
+    """What a reader needing ``value`` at backward ``step`` reads: the last
+    copy begun by then (the one clone, or a reload, for other values)."""
+    if value not in copies:
+        return clone_of.get(value, value)
+    made = copies[value]
+    starts = [start for start, _ in made]
+    return made[max(bisect.bisect_right(starts, step) - 1, 0)][1]
+
+
+def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again: dict,
+                 clone_of: dict[fx.Node, fx.Node], *, before: fx.Node):
+    """Clone each recomputed node in front of ``before``, once, or once per
+    step range where ``again`` names steps for it. Returns value -> [(first
+    step served, copy)], and the generator states forward must save. A copy
+    reads, of each input, the copy serving the step it starts at, so that
+    the schedule can free an earlier copy once its readers ran. All copies
+    of a random op replay the one saved state: they are equal."""
+    need = _first_needs(profile, order)
+    # Read once (finding it reads every node).
+    fake_mode = fake_mode_of(graph) if again or any(
+        profile.nodes[n.name].is_random for n in order) else None
+    copies: dict[fx.Node, list[tuple[float, fx.Node]]] = {}
+    states: list[fx.Node] = []
+    for node in order:
+        starts = [need[node], *(s for s in again.get(node.name, ()) if s > need[node])]
+        # Read before a random op is replaced in forward (which clears them).
+        node_args, node_kwargs = node.args, node.kwargs
+        made = []
+        with graph.inserting_before(before):
+            state = forward_value = None
+            if profile.nodes[node.name].is_random:
+                state, forward_value = rng.save_rng_state_in_forward(graph, node,
+                                                                     fake_mode=fake_mode)
+                states.append(state)
+            for j, start in enumerate(starts):
+                args, kwargs = fx.node.map_arg(
+                    (node_args, node_kwargs), lambda a: _pick(a, start, copies, clone_of))
+                name = recomputed_name(node.name) if j == len(starts) - 1 \
+                    else copy_recomputed_name(node.name, j)
+                if state is not None:
+                    clone = rng.replay_call(graph, node, state, args, kwargs, name)
+                else:
+                    clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
+                    clone.meta = dict(node.meta)
+                if j < len(starts) - 1:
+                    # Copies are allocations of their own: the memory model
+                    # frees each on its own.
+                    clone.meta = {**node.meta, "val": _fresh_value(fake_mode, node, args, kwargs)}
+                made.append((start, clone))
+        # Forward users of a random op now read ``forward_value``; clones of
+        # them must read the replay instead.
+        for original in (node, forward_value) if forward_value is not None else (node,):
+            copies[original] = made
+    return copies, states
+
+
+def _first_needs(profile: Profile, order: list[fx.Node]) -> dict[fx.Node, float]:
+    """The first backward step needing each recomputed node: reading it, or
+    a recomputed node that backward needs (then its first copy is made)."""
+    recomputed = set(order)
+    at = _backward_steps(profile)
+    end = len(at)
+    need = {node: min((at[u.name] for u in node.users if u.name in at), default=end)
+            for node in order}
+    for node in reversed(order):
+        for user in node.users:
+            if user in recomputed:
+                need[node] = min(need[node], need[user])
+    return need
+
+
+def _fresh_value(fake_mode, node: fx.Node, args, kwargs):
+    """``node``'s value computed again from the values of ``args``: new
+    storages, and views of its inputs' storages where the op is a view."""
+    def value(a):
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    args, kwargs = fx.node.map_arg((args, kwargs), value)
+    try:
+        with fake_mode:
+            return node.target(*args, **kwargs)
+    except Exception:  # an op fake tensors cannot run: a fresh allocation
+        with fake_mode:
+            return pytree.tree_map_only(
+                torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                            device=t.device),
+                node.meta.get("val"))
 
 
 def _ensure_topological(graph: fx.Graph) -> None:
@@ -178,7 +277,13 @@ def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
 def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
     """Reorder so each recomputed node runs right before its first user, and
     drop nodes nothing uses (a random op is dropped too: backward must not draw
-    numbers nobody reads)."""
+    numbers nobody reads).
+
+    The elements of a node that returns several tensors are taken out right
+    after it: the tuple holds every element alive until its last element is
+    taken, so an element taken just in time would keep its siblings alive
+    until then (a recomputed dropout's output, held until the backward op
+    that reads its mask)."""
     needed = _live_nodes(graph)
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -189,6 +294,9 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
         for arg in node.all_input_nodes:
             emit(arg)
         env[node] = new_graph.node_copy(node, lambda a: env[a])
+        for user in node.users:
+            if user.target is operator.getitem and user in needed:
+                emit(user)
 
     for node in graph.nodes:
         if node.op == "placeholder" or (node in needed and node.name not in recomputed):

@@ -15,6 +15,9 @@ graph inputs not counted, workspace counted while its op runs).
 
 It covers what the budgeted frontier mostly asks for: plans that save and
 recompute, random recomputes replaying a saved generator state included,
+values recomputed more than once (Decision.again: one copy per range of
+backward steps, each reader reading the copy serving its step, earlier
+copies with storages of their own or, for views, their input copy's),
 simulated unfused (``compiler="eager"``). It declines (``peak`` returns
 None, and the caller rewrites for real) plans that offload, Inductor's fused
 model, graphs with in-place ops or seeds, and recomputes whose clones would
@@ -24,6 +27,8 @@ plan that runs, against the real rewrite and simulation.
 
 from __future__ import annotations
 
+import bisect
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +38,7 @@ import torch.utils._pytree as pytree
 from fxckpt.memory import StorageMemo, workspace_bytes
 from fxckpt.ops import random_op_device
 from fxckpt.passes.rng import rng_state_bytes
-from fxckpt.types import BACKWARD, Decision, Profile, recomputed_name
+from fxckpt.types import BACKWARD, Decision, Profile, copy_recomputed_name, recomputed_name
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class _Node:
     impure: bool                    # kept by dead-code elimination (random ops too)
     side_effect: bool               # kept by the backward schedule (random ops not)
     backward: bool                  # profile phase is backward
+    getitem: bool                   # takes an element out of a tuple
+    # Per storage: (input position, its storage position) where the value is
+    # a view of that input's storage, else None (a storage of its own).
+    aliases: tuple = ()
     state_bytes: int = 0            # generator state, if it is random
 
 
@@ -82,6 +91,13 @@ class ScheduleModel:
         self.index = {n.name: i for i, n in enumerate(nodes)}
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
+        self.users: list[list[int]] = [[] for _ in nodes]
+        for i, node in enumerate(nodes):
+            for a in dict.fromkeys(node.inputs):
+                self.users[a].append(i)
+        # Backward steps (Decision.again's): each backward node's index
+        # among the backward nodes, in graph order.
+        self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
         # Whether dead-code elimination keeps a replay nobody reads.
         self.replay_impure, self.pair_impure = _rng_calls_impure()
 
@@ -100,11 +116,12 @@ class ScheduleModel:
         states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
         tangents = [i for i, n in enumerate(self.nodes) if n.kind == "tangent"]
         placeholders = sorted(saved) + states + tangents
-        order, inputs, clone_of = self._edited(recomputed)
+        again = {self.index[n]: steps for n, steps in decision.again}
+        order, inputs, copies = self._edited(recomputed, again)
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
-        outputs = [clone_of.get(o, o) for o in self.bwd_outputs]
+        outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
-        bwd, used = self._backward(order, inputs, set(placeholders), outputs, pairs)
+        bwd, used, after = self._backward(order, inputs, placeholders, outputs, pairs)
         # Saved values backward does not read are dropped from both graphs.
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
@@ -116,32 +133,70 @@ class ScheduleModel:
                   walk, "forward", set(primals), pairs)
         for p in placeholders:
             self._allocate(p, walk)
-        self._run(placeholders + bwd, inputs, self._refs(outputs), walk, "backward",
+        sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
+        self._run(sequence, inputs, self._refs(outputs), walk, "backward",
                   set(placeholders), set())
         return ModelTimeline(walk.peak, walk.peak_at)
 
     # --- the rewrite, replayed ---------------------------------------------
 
-    def _edited(self, recomputed: list[int]):
-        """The edited joint graph's order (clones, as ("clone", i), in front
-        of the first backward node), every node's inputs after the backward
-        was pointed at the clones, and the clones."""
-        clone_of: dict = {}
+    def _edited(self, recomputed: list[int], again: dict):
+        """The edited joint graph's order (copies in front of the first
+        backward node: ("clone", i) the last copy of value i, ("copy", i, j)
+        its earlier ones), every node's inputs after backward was pointed at
+        the copies serving its step, and each value's copies as [(first step
+        served, copy)]. Earlier copies' storages go to ``self.fresh``."""
+        need = self._first_needs(recomputed)
+        copies: dict[int, list] = {}
         inputs: dict = {}
+        self.fresh = {}
         for r in recomputed:
-            mapped = tuple(clone_of.get(a, a) for a in self.nodes[r].inputs)
-            if self.nodes[r].state_bytes:
-                mapped = (("state", r),) + mapped
-            inputs[("clone", r)] = tuple(dict.fromkeys(mapped))
-            clone_of[r] = ("clone", r)
+            starts = [need[r], *(s for s in again.get(r, ()) if s > need[r])]
+            made = []
+            for j, start in enumerate(starts):
+                key = ("clone", r) if j == len(starts) - 1 else ("copy", r, j)
+                mapped = tuple(_pick(a, start, copies) for a in self.nodes[r].inputs)
+                if key[0] == "copy":
+                    self.fresh[key] = self._fresh_storages(key, mapped)
+                if self.nodes[r].state_bytes:
+                    mapped = (("state", r),) + mapped
+                inputs[key] = tuple(dict.fromkeys(mapped))
+                made.append((start, key))
+            copies[r] = made
         for i, node in enumerate(self.nodes):
-            inputs[i] = tuple(dict.fromkeys(clone_of.get(a, a) for a in node.inputs)) \
+            inputs[i] = tuple(dict.fromkeys(_pick(a, self.steps[i], copies)
+                                            for a in node.inputs)) \
                 if node.backward else node.inputs
-        order = list(range(self.first_backward)) + [("clone", r) for r in recomputed] \
+        order = list(range(self.first_backward)) \
+            + [key for r in recomputed for _, key in copies[r]] \
             + list(range(self.first_backward, len(self.nodes)))
-        return order, inputs, clone_of
+        return order, inputs, copies
 
-    def _backward(self, order, inputs, placeholders: set, outputs: list, pairs: set):
+    def _first_needs(self, recomputed: list[int]) -> dict[int, int]:
+        """The first backward step needing each recomputed value: reading
+        it, or a recomputed value backward needs (rewrite.py's rule)."""
+        chosen = set(recomputed)
+        need = {r: min((self.steps[u] for u in self.users[r] if u in self.steps),
+                       default=len(self.steps)) for r in recomputed}
+        for r in reversed(recomputed):
+            for u in self.users[r]:
+                if u in chosen:
+                    need[r] = min(need[r], need[u])
+        return need
+
+    def _fresh_storages(self, key, mapped: tuple) -> tuple:
+        """An earlier copy's storages: its own, or where the op is a view,
+        those of the copy of the input it reads."""
+        node = self.nodes[key[1]]
+        found = []
+        for p, ((_, nbytes), alias) in enumerate(zip(node.storages, node.aliases)):
+            if alias is None:
+                found.append(((*key, p), nbytes))
+            else:
+                found.append((self._storages(mapped[alias[0]])[alias[1]][0], nbytes))
+        return tuple(found)
+
+    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set):
         """Backward's nodes in the order the just-in-time schedule runs
         them, and the placeholders its extraction found read."""
         valid, kept = set(placeholders), []
@@ -152,10 +207,18 @@ class ScheduleModel:
                 valid.add(key)
                 kept.append(key)
         dce = _ancestors(outputs + [k for k in kept if self._impure(k, True, pairs)], inputs)
-        used = {a for k in dce if k not in placeholders for a in inputs[k]} | set(outputs)
+        outside = set(placeholders)
+        used = {a for k in dce if k not in outside for a in inputs[k]} | set(outputs)
         needed = _ancestors(outputs + [k for k in kept
                                        if k in dce and self._impure(k, False, pairs)], inputs)
-        emitted, sequence = set(placeholders), []
+        emitted: set = set(placeholders)
+        sequence: list = []
+        # A tuple's elements are taken out right after it (rewrite.py).
+        elements: dict = {}
+        for key in kept:
+            if key in needed and self.nodes[key[1] if isinstance(key, tuple) else key].getitem:
+                for a in inputs[key]:
+                    elements.setdefault(a, []).append(key)
 
         def emit(key) -> None:
             if key in emitted:
@@ -164,11 +227,21 @@ class ScheduleModel:
                 emit(a)
             emitted.add(key)
             sequence.append(key)
+            for element in elements.get(key, ()):
+                emit(element)
 
+        after = {}  # placeholder -> its elements, taken out right after it
+        for p in placeholders:
+            sequence = []
+            for element in elements.get(p, ()):
+                emit(element)
+            if sequence:
+                after[p] = sequence
+        sequence = []
         for key in kept:
-            if key in needed and not (isinstance(key, tuple) and key[0] == "clone"):
+            if key in needed and not (isinstance(key, tuple) and key[0] != "state"):
                 emit(key)
-        return sequence, used
+        return sequence, used, after
 
     def _forward(self, saved_used: list, pairs: set):
         """Forward's nodes in order, and its outputs (kept to the end)."""
@@ -189,14 +262,16 @@ class ScheduleModel:
     def _name(self, key, pairs) -> str:
         """The node's name in the rewritten graph."""
         if isinstance(key, tuple):
-            return recomputed_name(self.nodes[key[1]].name)
+            name = self.nodes[key[1]].name
+            return copy_recomputed_name(name, key[2]) if key[0] == "copy" \
+                else recomputed_name(name)
         if key in pairs:  # named by FX as the rewrite creates them, in order
             k = sorted(pairs).index(key)
             return "run_and_save_rng_state" + (f"_{k}" if k else "")
         return self.nodes[key].name
 
     def _kind(self, key) -> str:
-        return "op" if isinstance(key, tuple) and key[0] == "clone" else \
+        return "op" if isinstance(key, tuple) and key[0] != "state" else \
             "state" if isinstance(key, tuple) else self.nodes[key].kind
 
     def _impure(self, key, random: bool, pairs: set) -> bool:
@@ -213,6 +288,8 @@ class ScheduleModel:
     def _storages(self, key) -> tuple:
         if isinstance(key, tuple) and key[0] == "state":
             return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
+        if isinstance(key, tuple) and key[0] == "copy":
+            return self.fresh[key]
         return self.nodes[key[1] if isinstance(key, tuple) else key].storages
 
     def _refs(self, keys) -> set:
@@ -256,6 +333,16 @@ class ScheduleModel:
             for ref in frees.get(index, ()):
                 if ref not in keep:
                     walk.live.pop(ref, None)
+
+
+def _pick(value, step: int, copies: dict):
+    """What a reader needing ``value`` at backward ``step`` reads: the last
+    of its copies begun by then (the first if none is), or the value."""
+    made = copies.get(value)
+    if made is None:
+        return value
+    k = bisect.bisect_right([start for start, _ in made], step) - 1
+    return made[max(k, 0)][1]
 
 
 def _ancestors(roots, inputs) -> set:
@@ -319,14 +406,27 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         return None
     info = profile.nodes.get(node.name)
     random = info is not None and info.is_random
+    own = tuple(storages(node))
     return _Node(
         name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
-        storages=tuple(storages(node)), workspace=workspace_bytes(node),
+        storages=own, workspace=workspace_bytes(node),
+        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
         counted=_device(node) in (device, ""),
         impure=kind == "op" and node.is_impure(),
         side_effect=kind == "op" and node.is_impure(impure_random=False),
         backward=info is not None and info.phase == BACKWARD,
+        getitem=node.target is operator.getitem,
         state_bytes=rng_state_bytes(random_op_device(node)) if random else 0)
+
+
+def _aliases(own: tuple, inputs: list) -> tuple:
+    """For each of a node's storages, (input position, storage position) of
+    the input storage it is, or None."""
+    where = {}
+    for k, found in enumerate(inputs):
+        for q, (ref, _) in enumerate(found):
+            where.setdefault(ref, (k, q))
+    return tuple(where.get(ref) for ref, _ in own)
 
 
 def _rng_calls_impure() -> tuple[bool, bool]:

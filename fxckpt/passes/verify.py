@@ -15,6 +15,11 @@ from fxckpt.ops import is_random
 def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) -> None:
     problems = []
     both = decision.saved & decision.recomputed
+    for name, steps in decision.again:
+        if name not in decision.recomputed:
+            problems.append(f"{name} is to be recomputed again but is not recomputed")
+        if list(steps) != sorted(set(steps)) or not steps:
+            problems.append(f"{name}: the steps of its copies {steps} are not increasing")
     if both:
         problems.append(f"values both saved and recomputed: {sorted(both)}")
     for name in decision.recomputed:
@@ -64,7 +69,23 @@ def verify_rewrite(profile: Profile, rewritten: Rewritten) -> None:
     for node in fw.nodes:
         if is_recomputed_name(node.name) or node.target is run_with_rng_state:
             problems.append(f"forward contains recompute node {node.name}")
+    problems += _copy_problems(bw, rewritten)
     _raise(problems, "rewrite")
+
+
+def _copy_problems(bw, rewritten: Rewritten) -> list[str]:
+    """A value recomputed more than once: only recomputes and backward read
+    its copies, and all copies of a random op replay the same state."""
+    problems = []
+    by_name = {node.name: node for node in bw.nodes}
+    for value, earlier in rewritten.earlier.items():
+        made = [by_name[name] for name in (*earlier, rewritten.clones[value]) if name in by_name]
+        states = {node.args[0] for node in made if node.target is run_with_rng_state}
+        if len(states) > 1:
+            problems.append(f"the copies of random {value} replay different states")
+        if len(made) > 1 and any(node.target is not made[0].target for node in made):
+            problems.append(f"the copies of {value} run different ops")
+    return problems
 
 
 def _raise(problems: list[str], what: str) -> None:

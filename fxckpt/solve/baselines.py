@@ -1,17 +1,19 @@
 """Reference strategies, through the same Problem and the same cut:
 save everything backward reads, recompute all that can be recomputed,
 checkpoint per block (torch.utils.checkpoint around each layer), and
-sqrt(n) segments."""
+sqrt(n) segments; a leaner per-block plan seeds the budgeted frontier."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import time
+from dataclasses import replace
+
 import numpy as np
 
 from fxckpt.types import Decision
 from fxckpt.solve.cut import min_cut
+from fxckpt.solve.partitioner import partitioner_saved
 from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 
@@ -31,15 +33,29 @@ def recompute_all(problem: Problem) -> Decision:
 
 def per_block(problem: Problem) -> Decision:
     """torch.compile with torch.utils.checkpoint around every repeated block
-    (layer), as torch's partitioner plans it: every value inside a block is
-    recomputed, except what one block passes to another, which is saved;
-    the values outside the blocks (and what enters a block from them) are
-    left to a minimum cut that may recompute only cheap ops (views,
-    pointwise, nothing random).
+    (layer), as torch's partitioner plans it (solve/partitioner.py): every
+    value inside a block is tagged for recompute, except those a later
+    block reads, which are tagged MUST_SAVE; the values outside the blocks
+    are left to torch's minimum cut, with its weights and its bans."""
+    start = time.perf_counter()
+    inside = problem.block >= 0
+    crossing = np.zeros(problem.n, dtype=bool)
+    for i, parents in enumerate(problem.parents):
+        if inside[i]:
+            inner = parents[inside[parents]]
+            crossing[inner[problem.block[inner] < problem.block[i]]] = True
+    must_save = inside & crossing
+    must_recompute = inside & ~crossing & problem.can_recompute
+    saved = partitioner_saved(problem, must_recompute, must_save)
+    return _decision(problem, saved & _read(problem, saved), "per_block", start)
 
-    Values computed from no input at all (an attention mask built from
-    ``ones``) are the same in every block; torch.compile computes them once,
-    before the first block, so here they belong to no block either."""
+
+def lean_blocks(problem: Problem) -> Decision:
+    """A leaner per-block plan, a low-peak seed for the frontier: every value
+    inside a block is recomputed except what one block passes to another;
+    values computed from no input at all (a mask built from ``ones``) are
+    left outside the blocks, and outside them a minimum cut may recompute
+    any cheap op (views, pointwise, nothing random)."""
     start = time.perf_counter()
     constant = _constant(problem)
     segment = np.where(constant, -1, problem.block)
@@ -56,7 +72,7 @@ def per_block(problem: Problem) -> Decision:
                           can_recompute=recompute | cheap)
     # Among cuts of equal bytes, recompute no op that costs time.
     saved = min_cut(partitioned, problem.size, problem.replay + (problem.cost > 0))
-    return _decision(problem, saved & _read(problem, saved), "per_block", start)
+    return _decision(problem, saved & _read(problem, saved), "lean_blocks", start)
 
 
 def _constant(problem: Problem) -> np.ndarray:

@@ -10,7 +10,14 @@ cut minimises sum(save_weight over saved) + sum(recompute_weight over values
 backward computes).
 
 scipy's max-flow is exact but wants int32 capacities: weights are scaled so
-that all finite ones together stay far below the value standing for infinity.
+that all finite ones together stay far below the value standing for infinity
+(integer weights that already do are kept as they are, so their ties stay
+ties).
+
+Where several cuts are minimal, ``side="source"`` gives the one with the
+fewest nodes on the source side (the values backward computes are as many
+as can be), ``side="sink"`` the one with the fewest on the sink side, as
+networkx's minimum_cut (and so torch's partitioner) picks.
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ class NoFiniteCut(ValueError):
     recomputed)."""
 
 
-def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndarray
-            ) -> np.ndarray:
+def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndarray,
+            *, side: str = "source") -> np.ndarray:
     """Return the mask of saved values in a minimum cut."""
     n = problem.n
     source, sink = 2 * n, 2 * n + 1
@@ -39,6 +46,8 @@ def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndar
     finite = np.concatenate([save_weight[problem.can_save],
                              recompute_weight[problem.can_recompute]])
     scale = _FINITE_TOTAL / max(float(finite.sum()), 1e-30)
+    if scale >= 1 and np.all(finite == np.round(finite)):
+        scale = 1.0
     save_cap = np.where(problem.can_save,
                         np.minimum(np.round(save_weight * scale), _FINITE_TOTAL), _INF)
     rec_cap = np.where(problem.can_recompute,
@@ -65,6 +74,11 @@ def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndar
     residual = graph - result.flow
     residual.data = np.where(residual.data > 0, 1, 0).astype(np.int8)
     residual.eliminate_zeros()
+    if side == "sink":
+        # Nodes that still reach the sink through residual capacity.
+        reaches = np.zeros(2 * n + 2, dtype=bool)
+        reaches[breadth_first_order(residual.T.tocsr(), sink, return_predecessors=False)] = True
+        return ~reaches[ins] & reaches[outs]
     reachable = np.zeros(2 * n + 2, dtype=bool)
     reachable[breadth_first_order(residual, source, return_predecessors=False)] = True
     return reachable[ins] & ~reachable[outs]

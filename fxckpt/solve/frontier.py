@@ -8,6 +8,11 @@ join in. The plans no other plan beats on both exact peak and time cost
 (recompute, plus transfers where values are offloaded) form the frontier. A budget then takes the cheapest frontier plan whose
 exact peak fits it.
 
+Below the lowest peak single recomputation reaches, the lowest plans are
+tried again with values recomputed more than once (solve/again.py): each
+such plan is kept only where its exact peak is lower still, so the frontier
+above that floor is what it would be without them.
+
 Because the frontier does not depend on the budget:
 * a larger budget never costs more recompute, and never yields a lower
   peak (along a frontier, cheaper means more memory);
@@ -25,10 +30,11 @@ import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
-from fxckpt.solve.baselines import per_block, recompute_all, sqrt_segments
+from fxckpt.solve.baselines import lean_blocks, per_block, recompute_all, sqrt_segments
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
+from fxckpt.solve.again import copy_steps
 
 # solver="auto" uses the exact ILP up to this many forward values.
 ILP_MAX_VALUES = 400
@@ -41,6 +47,11 @@ _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
+# Recomputing again: how many of the lowest plans it starts from, and the
+# idle stretches (fractions of backward's steps) after which a value is
+# recomputed again rather than held.
+_AGAIN_BASES = 2
+_AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 
 
 class Timeline(Protocol):
@@ -110,11 +121,13 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
 
     found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
-                                     sqrt_segments(problem))]
+                                     lean_blocks(problem), sqrt_segments(problem))]
 
-    def solved(target: float) -> Candidate:
+    base = problem
+
+    def solved(target: float, proxy: Problem | None = None) -> Candidate:
         started = time.perf_counter()
-        saved, recomputed, offloaded, gap = strategy(problem, target)
+        saved, recomputed, offloaded, gap = strategy(proxy or problem, target)
         return candidate(to_decision(
             problem, saved, recomputed, offloaded, solver=strategy.__name__,
             seconds=time.perf_counter() - started, gap=gap, budget_bytes=None))
@@ -142,13 +155,47 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         if stalls >= _STALLS_BEFORE_STOP:
             break
     found += _below_lowest(solved, min(c.peak for c in found))
+    if problem is not base:
+        found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
+    found += _recomputed_again(problem, candidate, found)
     return _non_dominated(found)
+
+
+def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+    """Plans below the lowest peak found, where the lowest plans recompute
+    values again after idle stretches (solve/again.py), for a sweep of
+    stretch lengths. Each is checked by the exact memory model; only those
+    below the single-recompute floor are kept: they cost more recompute than
+    the plans they start from."""
+    lowest = min(c.peak for c in found)
+    bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
+    tried: set[tuple] = set()
+    kept: list[Candidate] = []
+    for base in bases:
+        recomputed = _mask(problem, base.decision.recomputed)
+        for fraction in _AGAIN_GAPS:
+            again = tuple(sorted((problem.names[i], s) for i, s in
+                                 copy_steps(problem, recomputed, fraction).items()))
+            if not again or (base.decision.recomputed, again) in tried:
+                continue
+            tried.add((base.decision.recomputed, again))
+            made = candidate(replace(base.decision, again=again,
+                                     solver=f"{base.decision.solver}+again"))
+            if made.peak < lowest:
+                kept.append(made)
+    return kept
 
 
 def _below_lowest(solved, lowest: int) -> list[Candidate]:
     """Plans aimed just under the lowest peak found, until none is lower: the
     geometric targets step over floors between them, and the floor
-    BudgetError names must be the lowest the strategy can reach."""
+    BudgetError names must be the lowest the strategy can reach.
+
+    The frontier calls it twice: with the refined proxy, then with the
+    proxy as first built. Refinement makes the proxy more cautious (it
+    follows recompute chains some plans used), which can hide a lower floor
+    from it; each candidate's peak is what ``evaluate`` measures, so an
+    optimistic proxy cannot put a false plan on the frontier."""
     found: list[Candidate] = []
     for _ in range(_FLOOR_STEPS):
         try:
@@ -162,7 +209,7 @@ def _below_lowest(solved, lowest: int) -> list[Candidate]:
 
 
 def _plan_key(decision: Decision) -> tuple:
-    return decision.saved, decision.recomputed, decision.offloaded
+    return decision.saved, decision.recomputed, decision.offloaded, decision.again
 
 
 def _non_dominated(found: list[Candidate]) -> list[Candidate]:
@@ -193,7 +240,14 @@ _ilp.__name__, _fast.__name__ = "ilp", "fast"
 def _cost(problem: Problem, decision: Decision) -> float:
     """Seconds the plan adds: recompute and offload transfers."""
     return problem.plan_cost(_mask(problem, decision.recomputed),
-                             _mask(problem, decision.offloaded))
+                             _mask(problem, decision.offloaded),
+                             copies=_copies(problem, decision))
+
+
+def _copies(problem: Problem, decision: Decision) -> np.ndarray:
+    """How many times backward computes each value (1 where it does not)."""
+    steps = dict(decision.again)
+    return np.array([1 + len(steps.get(name, ())) for name in problem.names])
 
 
 def _mask(problem: Problem, names) -> np.ndarray:

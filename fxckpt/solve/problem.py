@@ -42,6 +42,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
 from fxckpt.solve.common import run_in_forward
+from fxckpt.solve.remat_classes import RematClasses, remat_classes
 
 MAX_STAGES = 64
 _P = CheckpointPolicy
@@ -77,7 +78,12 @@ class Problem:
     stage_base: np.ndarray            # (stages,)
     stage_names: tuple[str, ...] = field(default=())
     lifetimes: "Lifetimes | None" = field(default=None, repr=False)
+    # Pointwise, not random, and read only by pointwise ops (forward and
+    # backward): no reader needs it materialised. None: not known (all False).
+    unmaterialized: np.ndarray | None = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
+    # How torch's own partitioner sees each value (the per-block reference).
+    remat: RematClasses | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -114,10 +120,15 @@ class Problem:
         plan without a budget follows a PREFER_CPU_OFFLOAD answer."""
         return saved & self.can_offload
 
-    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None) -> float:
-        """Seconds a plan adds to a step: recompute, plus transfers for
-        offloaded values (priced as if no copy overlapped compute)."""
+    def plan_cost(self, recomputed: np.ndarray, offloaded: np.ndarray | None = None, *,
+                  copies: np.ndarray | None = None) -> float:
+        """Seconds a plan adds to a step: recompute (``copies``: how many
+        times backward computes each value, where more than once), plus
+        transfers for offloaded values (priced as if no copy overlapped
+        compute)."""
         extra = float(self.transfer[offloaded].sum()) if offloaded is not None else 0.0
+        if copies is not None:
+            extra += float(self.cost @ np.maximum(copies - 1, 0))
         return self.recompute_cost(recomputed) + extra
 
     def refined(self, recomputed: np.ndarray) -> "Problem":
@@ -190,9 +201,10 @@ def _blocks(forward, parents) -> np.ndarray:
 
     A value's block comes from the module that owns its op (for nodes
     AOTAutograd adds without a module stack of their own, the module of the
-    forward op they serve). A value with no module at all takes the block its
-    inputs agree on, else the one its users agree on, as it would run inside
-    a checkpoint around that block; graph inputs belong to no block."""
+    forward op they serve). Ops of the compiled module's own code and graph
+    inputs belong to no block. Any other value with no module at all takes
+    the block its inputs agree on, else the one its users agree on, as it
+    would run inside a checkpoint around that block."""
     n = len(forward)
     blocks: dict[str, int] = {}
     block = np.full(n, -1)
@@ -201,7 +213,7 @@ def _blocks(forward, parents) -> np.ndarray:
         match = _BLOCK.match(node.owner_module_path)
         if match:
             block[i] = blocks.setdefault(match.group(1), len(blocks))
-        elif not node.owner_module_path and not node.is_input:
+        elif not node.owner_module_path and not node.is_input and not node.at_root:
             unowned.append(i)
     users: list[list[int]] = [[] for _ in range(n)]
     for i, inputs in enumerate(parents):
@@ -221,6 +233,21 @@ def _agreed(blocks: np.ndarray) -> int:
     return int(found[0]) if len(found) == 1 else -1
 
 
+def _unmaterialized(profile: Profile, forward) -> np.ndarray:
+    """Per forward value: pointwise, not random, and every reader (forward
+    and backward) pointwise too -- what torch's partitioner recomputes when it
+    is free to (a value some reader needs materialised is banned there)."""
+    readers: dict[str, list] = {}
+    for node in profile.nodes.values():
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    return np.array([node.is_pointwise and not node.is_random and bool(readers.get(node.name))
+                     and all(r.is_pointwise for r in readers[node.name])
+                     and node.name not in profile.backward_outputs
+                     and node.name not in profile.forward_outputs
+                     for node in forward], dtype=bool)
+
+
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
                   bandwidth: float | None = None) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
@@ -232,17 +259,11 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
     parents = tuple(np.array([index[p] for p in node.inputs if p in index], dtype=np.int64)
                     for node in forward)
     ran_forward = run_in_forward(profile, frozenset())
-    size = np.zeros(n)
-    cost = np.zeros(n)
-    replay = np.zeros(n)
-    can_save = np.zeros(n, dtype=bool)
-    can_recompute = np.zeros(n, dtype=bool)
-    prefer_save = np.zeros(n, dtype=bool)
-    prefer_recompute = np.zeros(n, dtype=bool)
-    hint_save = np.zeros(n, dtype=bool)
-    hint_recompute = np.zeros(n, dtype=bool)
-    can_offload = np.zeros(n, dtype=bool)
-    must_offload = np.zeros(n, dtype=bool)
+    size, cost, replay = np.zeros(n), np.zeros(n), np.zeros(n)
+    can_save, can_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    prefer_save, prefer_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    hint_save, hint_recompute = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    can_offload, must_offload = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     block = _blocks(forward, parents)
     for i, node in enumerate(forward):
         owner = profile.nodes[node.storage]
@@ -281,7 +302,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    hint_save=hint_save, hint_recompute=hint_recompute, block=block,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
-                   **stages)
+                   remat=remat_classes(profile, index),
+                   unmaterialized=_unmaterialized(profile, forward), **stages)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
@@ -326,15 +348,21 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     last_fwd = np.arange(n)
     first_bwd = np.full(n, len(backward))
     last_bwd = np.full(n, -1)
+    # A forward-side node the forward outputs do not need (a transpose or
+    # detach AOTAutograd makes for backward, placed after the loss) runs in
+    # forward only if saved: its reads do not hold its inputs through forward.
+    runs_in_forward = run_in_forward(profile, frozenset())
+    reads: list[list[int]] = [[] for _ in range(n)]
     for node in nodes:
         for parent in node.inputs:
             if parent not in index:
                 continue
             i = index[parent]
             if node.phase == BACKWARD:
+                reads[i].append(bwd_pos[node.name])
                 first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
                 last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
-            else:
+            elif node.name in runs_in_forward:
                 last_fwd[i] = max(last_fwd[i], fwd_pos[node.name])
     outputs = {index[o] for o in profile.forward_outputs if o in index}
     for i in outputs:
@@ -345,7 +373,8 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     is_owner = owner == np.arange(n)
     for i in range(n):
         o = owner[i]
-        last_fwd[o] = max(last_fwd[o], last_fwd[i])
+        if names[i] in runs_in_forward:
+            last_fwd[o] = max(last_fwd[o], last_fwd[i])
         last_bwd[o] = max(last_bwd[o], last_bwd[i])
     last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
     base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
@@ -356,7 +385,9 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     rows_saved, base, labels = [], [], []
     for phase, t in stages:
         if phase == "forward":
-            rows_saved.append((np.arange(n) <= t) & (last_fwd < t))
+            # A saved value holds its storage from the storage's creation
+            # (a saved view made late keeps its base alive from the start).
+            rows_saved.append((owner <= t) & (last_fwd < t))
             base.append(base_fwd[t])
             labels.append(point(FORWARD, names[t]))
         else:
@@ -368,7 +399,8 @@ def _stage_model(profile: Profile, names, index, size) -> dict:
     return dict(
         stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
         stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
-        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages))
+        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
+                            tuple(np.unique(np.array(r, dtype=np.int64)) for r in reads)))
 
 
 @dataclass(frozen=True)
@@ -381,6 +413,7 @@ class Lifetimes:
     is_owner: np.ndarray
     last_bwd: np.ndarray         # last backward step reading the storage (-1 if none)
     stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
+    reads: tuple = ()            # backward steps reading each value directly, ascending
 
     def recompute_rows(self, parents, through: np.ndarray) -> np.ndarray:
         n = len(self.first_bwd)

@@ -1,0 +1,222 @@
+"""A step's peak read from the code Inductor generated for it.
+
+Under Inductor the memory model (memory.py) predicts from the planned FX
+graphs, but Inductor decides the real allocation order after the partition:
+its scheduler fuses kernels, and a fused kernel runs where its earliest part
+was, so values recomputed for late in backward can be made in the first
+backward kernel; it realizes or inlines pointwise values by its own rules;
+and its wrapper reuses freed buffers. None of that is in the FX graphs.
+
+The wrapper code Inductor emits is the allocation order itself: each buffer
+is made by ``empty_strided_<device>(size, stride, dtype)`` (or returned by a
+fallback kernel, whose size the following ``assert_size_stride`` states), is
+handed on by ``# reuse`` lines without a new allocation, and is freed by
+``del``. Walking the forward's code, keeping what it returns (saved values
+and outputs), then the backward's code, with its inputs bound to the
+forward's saved values, gives the live bytes after every line and their
+maximum: the step's peak as the allocator sees it. Scratch memory that
+CPU convolution kernels allocate and free inside themselves is added as
+memory.workspace_bytes counts it; other scratch is not seen. A fallback
+kernel's output is taken as float32 (its assert names no dtype).
+
+Why read the code rather than model Inductor or constrain it: the gap
+between the FX-level model and the compiled code is not one mechanism.
+On the zoo GPT, refusing horizontal fusion of kernels holding recomputed
+ops (an InductorChoices override) left the measured peak unchanged; the
+extra memory comes from buffers Inductor realizes that the model inlines
+and from the order its lowering gives kernels, and both change with
+Inductor's heuristics and version. Reading the generated code follows them
+all, and constraining the scheduler would cost fusions. So the compiled
+plan's real peak is checked against a byte budget, and capture.py plans
+again below the budget by the excess where it is over, or refuses the
+budget naming the lowest compiled peak it saw.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+_ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
+_REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
+_ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
+_CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops|extern_kernels)\.(\w+)[.(]"
+                   r"(?:default\()?(\w+)?(?:, (\w+))?(?:, (\w+))?")
+_ITEM = re.compile(r"^(\w+) = (\w+)\[\d+\]$")
+_ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
+_ARGS = re.compile(r"^(.*) = args$")
+
+
+@dataclass(frozen=True)
+class CompiledPeak:
+    peak_bytes: int           # forward and backward, above the memory in use at entry
+    forward_peak_bytes: int
+    held_bytes: int           # what the forward leaves for backward (saved values, outputs)
+
+
+def step_peak(forward_code: str, backward_code: str | None) -> CompiledPeak | None:
+    """The step's peak from Inductor's forward and backward wrapper code;
+    None where the code holds lines this reading does not understand (an
+    allocation of a symbolic size, a memory pool), so no figure is better
+    than a wrong one."""
+    try:
+        forward = _call_body(forward_code)
+        walk = _Walk()
+        walk.cpu = "empty_strided_cpu" in forward_code or "empty_strided_" not in forward_code
+        returned = walk.run(forward)
+        kept = {walk.names[name] for name in returned if name in walk.names}
+        walk.keep_only(kept)
+        forward_peak, held = walk.peak, walk.level
+        if backward_code is not None:
+            backward = _call_body(backward_code)
+            inputs = _ARGS.match(backward[0])[1].split(", ")
+            saved_count = sum(not name.startswith("tangents") for name in inputs)
+            saved = returned[len(returned) - saved_count:] if saved_count else []
+            old = walk.names
+            walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
+            # Tangents are made by autograd for the backward, sized by the
+            # wrapper's input asserts (as float32: a loss's gradient), and
+            # held by autograd until the backward returns, whatever it deletes.
+            walk.fallback.update(name for name in inputs if name.startswith("tangents"))
+            walk.run(backward[1:])
+    except _Unreadable:
+        return None
+    return CompiledPeak(walk.peak, forward_peak, held)
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def _call_body(code: str) -> list[str]:
+    lines = code.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "def call(self, args):"]
+    if len(starts) != 1:
+        raise _Unreadable("no single call()")
+    indent = len(lines[starts[0]]) - len(lines[starts[0]].lstrip()) + 4
+    body = []
+    for line in lines[starts[0] + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        if line.strip():
+            body.append(line.strip())
+    return body
+
+
+class _Walk:
+    """Live storages while the wrapper's lines run, by the names bound to them."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, object] = {}
+        self.sizes: dict[object, int] = {}
+        self.level = self.peak = 0
+        self.fallback: set[str] = set()
+        self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
+        self.cpu = True
+
+    def allocate(self, name: str, nbytes: int) -> None:
+        storage = object()
+        self.names[name] = storage
+        self.sizes[storage] = nbytes
+        self.level += nbytes
+        self.peak = max(self.peak, self.level)
+
+    def delete(self, name: str) -> None:
+        if name.startswith("tangents"):
+            return
+        storage = self.names.pop(name, None)
+        if storage in self.sizes and storage not in self.names.values():
+            self.level -= self.sizes.pop(storage)
+
+    def keep_only(self, kept: set) -> None:
+        for storage in list(self.sizes):
+            if storage not in kept:
+                self.level -= self.sizes.pop(storage)
+
+    def run(self, body: list[str]) -> list[str]:
+        """Walk ``body``; return the names its ``return`` hands back."""
+        returned: list[str] = []
+        for line in body:
+            if line.startswith("#"):
+                continue
+            code = line.split("  #")[0] if "# reuse" not in line else line
+            if code.startswith("return "):
+                returned = _returned_names(code)
+                continue
+            statements = [code] if "# reuse" in line else [s.strip() for s in code.split(";")]
+            for statement in statements:
+                self.step(statement)
+        return returned
+
+    def step(self, statement: str) -> None:
+        if "alloc_from_pool" in statement or "empty_strided" in statement \
+                and not _ALLOC.match(statement):
+            raise _Unreadable(statement)
+        if match := _ALLOC.match(statement):
+            self.allocate(match[1], _nbytes(match[2], match[3], match[4]))
+        elif match := _REUSE.match(statement):
+            storage = self.names.pop(match[3], None)
+            if storage is not None:
+                self.names[match[1]] = storage
+        elif match := _CALL.match(statement):
+            self.fallback.add(match[1])     # its size comes in the assert after it
+            _scratch(self, match[1], match[2], match.group(3, 4, 5))
+        elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
+            self.fallback.add(match[1])     # one output of a multi-output fallback
+        elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
+            self.fallback.discard(match[1])
+            self.allocate(match[1], _nbytes(match[2], match[3], "float32"))
+            if self.scratch_of.pop(match[1], None) == "convolution":
+                # CPU convolution writes its output through a temporary of
+                # its size (memory.workspace_bytes).
+                self.peak = max(self.peak, self.level + self.sizes[self.names[match[1]]])
+        elif match := _ALIAS.match(statement):
+            if match[2] in self.names:
+                self.names[match[1]] = self.names[match[2]]
+        elif statement.startswith("del "):
+            for name in statement[4:].split(","):
+                self.delete(name.strip())
+
+
+def _scratch(walk: _Walk, output: str, op: str, operands) -> None:
+    """Scratch memory of a CPU fallback kernel while it runs, as
+    memory.workspace_bytes counts it: convolution's output-sized temporary
+    (known at its size assert), convolution backward's copies of its three
+    operands."""
+    if not walk.cpu:
+        return
+    if op == "convolution":
+        walk.scratch_of[output] = op
+    elif op == "convolution_backward":
+        held = sum(walk.sizes.get(walk.names.get(name), 0) for name in operands if name)
+        walk.peak = max(walk.peak, walk.level + held)
+
+
+def _returned_names(statement: str) -> list[str]:
+    inner = statement[len("return "):].strip()
+    inner = inner[1:-1] if inner.startswith("(") else inner
+    names, depth, item = [], 0, ""
+    for char in inner + ",":
+        if char == "," and depth == 0:
+            match = re.match(r"\s*(?:reinterpret_tensor\()?(\w+)", item)
+            if item.strip():
+                names.append(match[1] if match else "")
+            item = ""
+            continue
+        depth += (char in "([") - (char in ")]")
+        item += char
+    return names
+
+
+def _nbytes(size: str, stride: str, dtype: str) -> int:
+    try:
+        sizes = [int(s) for s in size.split(",") if s.strip()]
+        strides = [int(s) for s in stride.split(",") if s.strip()]
+    except ValueError:
+        raise _Unreadable(f"symbolic size {size}") from None
+    if any(s == 0 for s in sizes):
+        return 0
+    itemsize = getattr(torch, dtype).itemsize
+    return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * itemsize
