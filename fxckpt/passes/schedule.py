@@ -80,6 +80,7 @@ class _Walk:
     not_counted: set = field(default_factory=set)
     peak: int = 0
     peak_at: str = ""
+    total: int = 0                  # sum of live's bytes
 
 
 class ScheduleModel:
@@ -91,6 +92,7 @@ class ScheduleModel:
         self.index = {n.name: i for i, n in enumerate(nodes)}
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
+        self.inputs = {i: node.inputs for i, node in enumerate(nodes)}
         self.users: list[list[int]] = [[] for _ in nodes]
         for i, node in enumerate(nodes):
             for a in dict.fromkeys(node.inputs):
@@ -163,10 +165,10 @@ class ScheduleModel:
                 inputs[key] = tuple(dict.fromkeys(mapped))
                 made.append((start, key))
             copies[r] = made
-        for i, node in enumerate(self.nodes):
-            inputs[i] = tuple(dict.fromkeys(_pick(a, self.steps[i], copies)
-                                            for a in node.inputs)) \
-                if node.backward else node.inputs
+        inputs.update(self.inputs)
+        for u in {u for r in recomputed for u in self.users[r] if self.nodes[u].backward}:
+            inputs[u] = tuple(dict.fromkeys(_pick(a, self.steps[u], copies)
+                                            for a in self.nodes[u].inputs))
         order = list(range(self.first_backward)) \
             + [key for r in recomputed for _, key in copies[r]] \
             + list(range(self.first_backward, len(self.nodes)))
@@ -295,35 +297,46 @@ class ScheduleModel:
     def _refs(self, keys) -> set:
         return {ref for k in keys for ref, _ in self._storages(k)}
 
-    def _allocate(self, key, walk: _Walk, extra=()) -> None:
+    def _allocate(self, key, walk: _Walk, extra=(), storages=None) -> None:
         node = self.nodes[key[1] if isinstance(key, tuple) else key]
         if not node.counted:
             return
-        for ref, nbytes in self._storages(key) + tuple(extra):
+        found = self._storages(key) if storages is None else storages
+        for ref, nbytes in found + tuple(extra):
             if ref not in walk.live and ref not in walk.not_counted:
                 walk.live[ref] = nbytes
+                walk.total += nbytes
 
     def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
              placeholders: set, pairs: set) -> None:
         """memory.py's walk of one graph; ``pairs``: random nodes forward
         runs as run_and_save_rng_state, allocating their generator state."""
+        memo: dict = {}
+
+        def storages_of(key):
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = self._storages(key)
+            return found
+
         last: dict = {}
         for index, key in enumerate(sequence):
-            for ref, _ in self._storages(key):
+            for ref, _ in storages_of(key):
                 last.setdefault(ref, index)
             if key in pairs:
                 last.setdefault(-1 - key, index)
             for arg in inputs.get(key, ()):
-                for ref, _ in self._storages(arg):
+                for ref, _ in storages_of(arg):
                     last[ref] = index
         frees: dict[int, list] = {}
         for ref, index in last.items():
-            frees.setdefault(index, []).append(ref)
+            if ref not in keep:
+                frees.setdefault(index, []).append(ref)
         for index, key in enumerate(sequence):
             node = self.nodes[key[1] if isinstance(key, tuple) else key]
             state = ((-1 - key, node.state_bytes),) if key in pairs else ()
-            self._allocate(key, walk, extra=state)
-            total = sum(walk.live.values())
+            self._allocate(key, walk, extra=state, storages=storages_of(key))
+            total = walk.total
             if key not in placeholders:
                 total += node.workspace
                 if isinstance(key, tuple) and node.state_bytes:
@@ -331,8 +344,7 @@ class ScheduleModel:
             if total > walk.peak:
                 walk.peak, walk.peak_at = total, f"{phase}:{self._name(key, pairs)}"
             for ref in frees.get(index, ()):
-                if ref not in keep:
-                    walk.live.pop(ref, None)
+                walk.total -= walk.live.pop(ref, 0)
 
 
 def _pick(value, step: int, copies: dict):

@@ -214,7 +214,8 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
 
 
 def _read_by(problem: Problem, computed: np.ndarray) -> np.ndarray:
+    """Values some value in ``computed`` reads."""
+    edges = problem.input_edges
     read = np.zeros(problem.n, dtype=bool)
-    for i in np.flatnonzero(computed):
-        read[problem.parents[i]] = True
+    read[edges.col[computed[edges.row]]] = True
     return read
