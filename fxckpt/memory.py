@@ -54,8 +54,8 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str, *,
     """What the memory live just after node ``at`` ("phase:name") is made of:
     bytes per kind, and the largest single value with its bytes."""
     walk = _walk(forward, backward, stop_at=at, fused=fused)
-    saved = _output_storages(forward)
-    grads = _output_storages(backward) if backward is not None else set()
+    saved = _output_storages(forward, walk.storages)
+    grads = _output_storages(backward, walk.storages) if backward is not None else set()
     parts: dict[str, int] = {}
     largest = max(walk.live.items(), key=lambda kv: kv[1], default=(None, 0))
     for ref, nbytes in walk.live.items():
@@ -76,15 +76,16 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str, *,
 
 def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = None,
           fused: bool = False):
+    storages = StorageMemo()
     not_counted = {ref for node in forward.find_nodes(op="placeholder")
-                   for ref, _ in _storages(node)}
-    state = _Walk({}, not_counted, stop_at, device=_compute_device(forward))
-    state.run(forward, "forward", keep=_output_storages(forward),
+                   for ref, _ in storages(node)}
+    state = _Walk({}, not_counted, stop_at, device=_compute_device(forward), storages=storages)
+    state.run(forward, "forward", keep=_output_storages(forward, storages),
               inlined=inlined_by_inductor(forward) if fused else set())
     if backward is not None and not state.stopped:
         for node in backward.find_nodes(op="placeholder"):
             state.allocate(node, "backward")  # saved values are live already; tangents are new
-        state.run(backward, "backward", keep=_output_storages(backward),
+        state.run(backward, "backward", keep=_output_storages(backward, storages),
                   inlined=inlined_by_inductor(backward) if fused else set())
     return state
 
@@ -165,7 +166,8 @@ _INDUCTOR_POINTWISE = frozenset({"inductor_random.default", "inductor_randint.de
 
 
 class _Walk:
-    def __init__(self, live, not_counted, stop_at=None, device="cpu"):
+    def __init__(self, live, not_counted, stop_at=None, device="cpu", storages=None):
+        self.storages = storages or StorageMemo()
         self.device = device    # host copies of a device graph are not device memory
         self.live = live
         self.not_counted = not_counted
@@ -176,18 +178,18 @@ class _Walk:
     def allocate(self, node: fx.Node, phase: str) -> None:
         if node.target is _HOST_COPY:
             # Host memory, here and where backward reads it as an input.
-            self.not_counted.update(ref for ref, _ in _storages(node))
+            self.not_counted.update(ref for ref, _ in self.storages(node))
             return
         if _device(node) not in (self.device, ""):
             return
-        for ref, nbytes in _storages(node):
+        for ref, nbytes in self.storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
                 self.producer[ref] = point(phase, node.name)
 
     def run(self, graph: fx.Graph, phase: str, *, keep: set, inlined=frozenset()) -> None:
         frees: dict[int, list[StorageWeakRef]] = {}
-        for ref, last in _last_uses(graph).items():
+        for ref, last in _last_uses(graph, self.storages).items():
             frees.setdefault(last, []).append(ref)
         for index, node in enumerate(graph.nodes):
             if node.op == "output":
@@ -331,18 +333,35 @@ def at_sizes(bindings: dict):
         _sizes.reset(token)
 
 
-def _last_uses(graph: fx.Graph) -> dict[StorageWeakRef, int]:
+def _last_uses(graph: fx.Graph, storages) -> dict[StorageWeakRef, int]:
     """Index of the last node reading each storage (its producer if none does)."""
     last: dict[StorageWeakRef, int] = {}
     for index, node in enumerate(graph.nodes):
-        for ref, _ in _storages(node):
+        for ref, _ in storages(node):
             last.setdefault(ref, index)
         for arg in node.all_input_nodes:
-            for ref, _ in _storages(arg):
+            for ref, _ in storages(arg):
                 last[ref] = index
     return last
 
 
-def _output_storages(graph: fx.Graph) -> set[StorageWeakRef]:
+def _output_storages(graph: fx.Graph, storages) -> set[StorageWeakRef]:
     output = graph.output_node()
-    return {ref for arg in output.all_input_nodes for ref, _ in _storages(arg)}
+    return {ref for arg in output.all_input_nodes for ref, _ in storages(arg)}
+
+
+class StorageMemo:
+    """``_storages`` of nodes, each value's read once per simulation: the
+    forward and backward graphs (and clones) share their ``meta["val"]``
+    objects, and sizes cannot change while one simulation runs."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, list]] = {}
+
+    def __call__(self, node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
+        val = node.meta.get("val")
+        hit = self._seen.get(id(val))
+        if hit is None or hit[0] is not val:
+            hit = (val, _storages(node))
+            self._seen[id(val)] = hit
+        return hit[1]

@@ -1,10 +1,22 @@
 """The stages strung together: joint graph -> profile -> tags -> decision ->
 rewrite -> verify -> forward and backward graphs, plus the Plan that explains
-them. ``Planner`` is what AOTAutograd calls as its partition function."""
+them. ``Planner`` is what AOTAutograd calls as its partition function.
+
+Under a budget the frontier (solve/frontier.py) weighs many candidate plans.
+Rewriting each into FX graphs and simulating those cost most of the planning
+time, so candidates are simulated by the schedule model instead
+(passes/schedule.py: the joint graph read once into lists, each plan's
+rewritten graphs replayed as node sequences and walked with memory.py's
+rules), each distinct plan once. Only the plan that runs is rewritten, and
+its real simulation must give the peak the model gave, or the frontier is
+built again with every candidate rewritten; a BudgetError's floor plan is
+checked the same way. Plans the model does not cover (offload, Inductor's
+fused model) are always rewritten."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -16,6 +28,7 @@ from fxckpt.errors import BudgetError, PlanError
 from fxckpt.memory import breakdown, simulate
 from fxckpt.options import Options, format_bytes
 from fxckpt.phases import PhaseClock, Progress
+from fxckpt.passes import schedule
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite
 from fxckpt.passes.tag import tag_forward_values
@@ -28,6 +41,24 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
 
 _graph_ids = itertools.count()
+log = logging.getLogger("fxckpt.planner")
+
+
+def estimator(model, evaluate: Evaluate) -> Evaluate:
+    """evaluate(decision) by the schedule model (passes/schedule.py), for the
+    plans it covers: (Simulated, its timeline), no graphs built; the rest
+    are rewritten and simulated."""
+    if model is None:
+        return evaluate
+
+    def estimate(decision: Decision):
+        timeline = model.peak(decision)
+        if timeline is None:
+            return evaluate(decision)
+        states = {f"rng_state_{name}": profile_bytes
+                  for name, profile_bytes in model.state_bytes(decision).items()}
+        return schedule.Simulated(states), timeline
+    return estimate
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,10 @@ class Planner:
     # Plans made by this planner depend on nothing but the graph, the options
     # and num_lifted_params: the plan cache may keep them (fxckpt/cache.py).
     caches_plans = True
+    # Under a budget, the frontier's candidates are simulated by the schedule
+    # model (passes/schedule.py) where it covers them; False rewrites and
+    # simulates every one (the same plans, more slowly).
+    estimates = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
                  num_lifted_params: int = 0) -> None:
@@ -89,6 +124,7 @@ class Planner:
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
                                                 static_lifetime_input_indices, clock)
         progress.started(len(joint.graph.nodes), len(tags), self.options)
+        estimate = progress.counted(clock.timed("rewrite", evaluate.estimate))
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         known = self.reusable.pop(0) if self.reusable else None
         made = self._follow(known, profile, tags, evaluate, clock, graph_id) \
@@ -100,7 +136,8 @@ class Planner:
                     else self.options
                 decision, rewritten, timeline = solve(profile, tags, evaluate, options,
                                                       on_frontier=frontiers.append,
-                                                      lowered_by=self.lowered_by)
+                                                      lowered_by=self.lowered_by,
+                                                      estimate=estimate)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
                                 graph_id=graph_id)
             made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
@@ -170,11 +207,17 @@ class Planner:
         with clock.phase("tag"):
             tags = tag_forward_values(joint, profile, policy=self.options.policy)
 
+        fused = self.options.compiler == "inductor"
+
         def evaluate(decision: Decision):
             rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
             return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
-                                       fused=self.options.compiler == "inductor")
+                                       fused=fused)
 
+        with clock.phase("profile"):
+            model = None if fused or self.options.budget is None or not self.estimates else \
+                schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs)
+        evaluate.estimate = estimator(model, evaluate)
         return profile, tags, evaluate
 
     def _finish(self, profile, tags, decision, rewritten, timeline, *, clock: PhaseClock,
@@ -262,11 +305,44 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
 
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
-          on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0):
+          on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0,
+          estimate: Evaluate | None = None):
     """Return (decision, rewritten, timeline) for the options' solver and budget.
     ``on_frontier``, under a budget, gets the frontier as (own peak, saved
     bytes, cost) points, lowest peak first. ``lowered_by``: bytes a byte
-    budget is planned below (the decision still names the budget asked)."""
+    budget is planned below (the decision still names the budget asked). ``estimate``: evaluate for the
+    frontier's candidates, which may answer a Simulated plan (no graphs);
+    the plan chosen is then rewritten and simulated for real, and if the two
+    peaks differ the frontier is built again with ``evaluate``."""
+    if estimate is not None and estimate is not evaluate:
+        try:
+            return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate)
+        except _EstimateOff as off:
+            log.warning("the schedule model's peak for %s differs from the rewritten "
+                        "graph's (%d against %d bytes): planning again with every "
+                        "candidate rewritten", off.what, off.estimated, off.real)
+    return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate)
+
+
+class _EstimateOff(Exception):
+    def __init__(self, what: str, estimated: int, real: int) -> None:
+        super().__init__(what)
+        self.what, self.estimated, self.real = what, estimated, real
+
+
+def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: str):
+    """(rewritten, timeline) of ``decision`` from the real rewrite, where the
+    candidate was only simulated; _EstimateOff if the peaks differ."""
+    if not isinstance(rewritten, schedule.Simulated):
+        return rewritten, timeline
+    real_rewritten, real_timeline = evaluate(decision)
+    if real_timeline.peak_bytes != timeline.peak_bytes:
+        raise _EstimateOff(what, timeline.peak_bytes, real_timeline.peak_bytes)
+    return real_rewritten, real_timeline
+
+
+def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
+           estimate):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
@@ -277,11 +353,13 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:
         evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
-    rewritten, timeline = evaluate(optimal)
+        estimate = _held_per_run(estimate, profile, options.runs_per_step)
+    # Rewritten for real only if chosen (``_checked`` below).
+    rewritten, timeline = estimate(optimal)
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
-    frontier = pareto_frontier(problem, evaluate, options.solver,
+    frontier = pareto_frontier(problem, estimate, options.solver,
                                (optimal, rewritten, timeline))
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     # Lowered, the budget stops at the floor: the floor's plan is the last
@@ -296,7 +374,12 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
             problem, evaluate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
+        floor = no_fit.floor
+        checked = _checked(evaluate, floor.decision, floor.rewritten, floor.timeline,
+                           "the floor plan")
+        no_fit.floor = replace(floor, rewritten=checked[0], timeline=checked[1])
         raise _budget_error(no_fit) from None
+    rewritten, timeline = _checked(evaluate, decision, rewritten, timeline, "the chosen plan")
     if lowered_by:
         decision = replace(decision, budget_bytes=asked)
     return decision, rewritten, getattr(timeline, "graph", timeline)

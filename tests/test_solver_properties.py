@@ -224,3 +224,30 @@ def test_unfused_runtime_optimal_recomputes_only_what_costs_nothing_unfused(seed
     assert _weighted_saved(problem, saved) >= _weighted_saved(problem, fused_saved) - 1e-6
     everything, _ = _masks(problem, BASELINES["save_all"](problem))
     assert problem.size[saved].sum() <= problem.size[everything].sum()
+
+
+@SETTINGS
+@given(seeds, offload)
+def test_fast_plans_do_not_depend_on_the_clock(seed, offload):
+    """The fast strategy bounds its work by counts, not time: with a clock
+    that runs 100 s per reading (a heavily loaded machine), it plans the
+    same as with the real clock."""
+    import itertools
+    import time
+    from unittest import mock
+
+    problem = _problem(seed, offload)
+    ticks = itertools.count()
+
+    def slow_clock() -> float:
+        return 100.0 * next(ticks)
+
+    for budget in _budgets(problem, count=3):
+        try:
+            plan = solve_fast(problem, budget)
+        except Infeasible:
+            continue
+        with mock.patch.object(time, "perf_counter", slow_clock), \
+                mock.patch.object(time, "monotonic", slow_clock):
+            loaded = solve_fast(problem, budget)
+        assert all(np.array_equal(a, b) for a, b in zip(plan, loaded))

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from fxckpt.bench import compile as bench_compile
 from fxckpt.bench import offload as bench_offload
 from fxckpt.bench import report as bench_report
 from fxckpt.bench import run as bench
@@ -25,6 +26,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_solvers(args, command)
     if args.suite == "offload":
         return _run_offload(args, command)
+    if args.suite == "compile":
+        return _run_compile(args, command)
     overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads}
     if args.size is not None:
         overrides["size"] = args.size
@@ -48,8 +51,9 @@ def _bench_command(args: argparse.Namespace) -> str:
         words += ["--suite", args.suite]
     words += [f"--model {m}" for m in args.model or ()]
     words += ["--quick"] if args.quick else []
+    words += [f"--layers {n}" for n in args.layers or ()]
     for flag, value, default in (("--size", args.size, None), ("--repeat", args.repeat, None),
-                                 ("--threads", args.threads, 1), ("--layers", args.layers, None),
+                                 ("--threads", args.threads, 1),
                                  ("--device", args.device, None),
                                  ("--out", args.out, "bench-results")):
         if value != default:
@@ -60,7 +64,7 @@ def _bench_command(args: argparse.Namespace) -> str:
 
 
 def _run_solvers(args: argparse.Namespace, command: str) -> int:
-    layers = args.layers or (12 if args.quick else 58)
+    layers = args.layers[-1] if args.layers else (12 if args.quick else 58)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -86,6 +90,17 @@ def _run_offload(args: argparse.Namespace, command: str) -> int:
         repeat=args.repeat or (3 if args.quick else 20), progress=Progress(sys.stderr))
     result["command"] = command
     return _write_suite(args.out, "offload", result, bench_offload.offload_markdown(result))
+
+
+def _run_compile(args: argparse.Namespace, command: str) -> int:
+    layers = tuple(args.layers or ((2,) if args.quick else bench_compile.LAYERS))
+    compilers = ("aot_eager", "inductor") if args.inductor is not False else ("aot_eager",)
+    if args.quick and args.inductor is None:
+        compilers = ("aot_eager",)
+    result = bench_compile.run_compile(layers=layers, compilers=compilers,
+                                       threads=args.threads, progress=Progress(sys.stderr))
+    result.update(command=command, machine=machine(args.threads))
+    return _write_suite(args.out, "compile", result, bench_compile.compile_markdown(result))
 
 
 def _write_suite(out: str, stem: str, result: dict, text: str) -> int:

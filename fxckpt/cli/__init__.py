@@ -44,13 +44,17 @@ def add_bench(subparsers) -> None:
             "floor; measure peak memory, saved bytes, step time, recompute "
             "and correctness. Writes bench.json, bench.md and pareto.png. "
             "--suite solvers times the solvers instead; --suite offload "
-            "measures CPU offload on a CUDA device."))
-    parser.add_argument("--suite", choices=("models", "solvers", "offload"), default="models",
+            "measures CPU offload on a CUDA device; --suite compile times "
+            "compiles, torch's and fxckpt's, as the GPT grows."))
+    parser.add_argument("--suite", choices=("models", "solvers", "offload", "compile"),
+                        default="models",
                         help="models: the side-by-side table (default); solvers: "
                              "solve time on a ~10,000-node graph and the fast "
                              "solver against the ILP; offload: the GPT with matmul "
                              "outputs saved on the device vs offloaded to host "
-                             "memory (needs CUDA)")
+                             "memory (needs CUDA); compile: first-step compile time "
+                             "of a GPT, 4 to 64 layers, torch and fxckpt, with and "
+                             "without a budget, in a first and a second process")
     parser.add_argument("--device", default=None,
                         help="--suite offload: the device (default: cuda)")
     parser.add_argument("--model", action="append", choices=MODEL_NAMES,
@@ -69,9 +73,11 @@ def add_bench(subparsers) -> None:
     parser.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=None,
                         help="add Inductor rows, for timing (default: on, off "
                              "with --quick)")
-    parser.add_argument("--layers", type=int, default=None,
+    parser.add_argument("--layers", type=int, action="append", default=None,
                         help="--suite solvers: layers of the deep GPT (default: 58, "
-                             "about 10,000 joint-graph nodes; 12 with --quick)")
+                             "about 10,000 joint-graph nodes; 12 with --quick); "
+                             "--suite compile: the GPT's layers, repeat for several "
+                             "(default: 4, 8, 16, 32, 64; 2 with --quick)")
     parser.add_argument("--out", default="bench-results",
                         help="directory for the results (default: ./bench-results)")
     parser.set_defaults(run=_run_bench)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch.fx._lazy_graph_module import _make_graph_module
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -15,7 +16,10 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     value_map: dict[fx.Node, fx.Node] = {}
     result, output = graph.graph_copy(gm.graph, value_map, return_output_node=True)
     graph.output(result).meta = dict(output.meta)
-    return fx.GraphModule(gm, graph)
+    # Its code is generated when first called or read (a lazy module, as
+    # AOTAutograd's own partitioner makes): candidates that only the memory
+    # model reads never pay for it.
+    return _make_graph_module(gm, graph)
 
 
 def fake_mode_of(graph: fx.Graph):

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
@@ -49,6 +50,13 @@ class Rewritten:
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
             num_fwd_outputs: int) -> Rewritten:
+    """The graphs are lazy GraphModules: their Python code is generated when
+    first run, so plans only simulated (the frontier's candidates) skip it."""
+    with _use_lazy_graph_module(True):
+        return _rewrite(joint, profile, decision, num_fwd_outputs)
+
+
+def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
     work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
@@ -169,7 +177,9 @@ def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again:
     the schedule can free an earlier copy once its readers ran. All copies
     of a random op replay the one saved state: they are equal."""
     need = _first_needs(profile, order)
-    fake_mode = fake_mode_of(graph) if again else None
+    # Read once (finding it reads every node).
+    fake_mode = fake_mode_of(graph) if again or any(
+        profile.nodes[n.name].is_random for n in order) else None
     copies: dict[fx.Node, list[tuple[float, fx.Node]]] = {}
     states: list[fx.Node] = []
     for node in order:
@@ -180,7 +190,8 @@ def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again:
         with graph.inserting_before(before):
             state = forward_value = None
             if profile.nodes[node.name].is_random:
-                state, forward_value = rng.save_rng_state_in_forward(graph, node)
+                state, forward_value = rng.save_rng_state_in_forward(graph, node,
+                                                                     fake_mode=fake_mode)
                 states.append(state)
             for j, start in enumerate(starts):
                 args, kwargs = fx.node.map_arg(

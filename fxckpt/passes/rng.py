@@ -20,11 +20,13 @@ from fxckpt.passes.graphs import fake_mode_of
 from fxckpt.ops import random_op_device
 
 
-def save_rng_state_in_forward(graph: fx.Graph, node: fx.Node) -> tuple[fx.Node, fx.Node]:
+def save_rng_state_in_forward(graph: fx.Graph, node: fx.Node, *, fake_mode=None
+                              ) -> tuple[fx.Node, fx.Node]:
     """Replace random ``node`` in forward by a state-saving call; return the
     state node and the node now standing for the op's result. ``graph`` must
-    be a private copy: it is edited in place."""
-    fake_mode = fake_mode_of(graph)
+    be a private copy: it is edited in place. ``fake_mode``: the graph's
+    (found by reading every node when not given)."""
+    fake_mode = fake_mode if fake_mode is not None else fake_mode_of(graph)
     with graph.inserting_before(node):
         pair = graph.call_function(run_and_save_rng_state, (node.target, *node.args),
                                    dict(node.kwargs))
@@ -58,5 +60,9 @@ def rng_state_bytes(device: torch.device | None) -> int:
 
 def _state_value(device: torch.device | None, fake_mode):
     """A fake tensor shaped like the generator state for ``device``."""
-    template = torch.empty(rng_state_bytes(device), dtype=torch.uint8)
-    return fake_mode.from_tensor(template) if fake_mode is not None else template
+    if fake_mode is None:
+        return torch.empty(rng_state_bytes(device), dtype=torch.uint8)
+    # Made inside the fake mode, a storage of its own each time (converting
+    # a real tensor costs far more).
+    with fake_mode:
+        return torch.empty(rng_state_bytes(device), dtype=torch.uint8, device="cpu")

@@ -61,10 +61,10 @@ def needs_of(problem: Problem, users: list[list[int]], i: int,
              starts: dict[int, list[int]]) -> list[int]:
     """The backward steps needing value ``i``, ascending, given the copy
     starts of its recomputed readers ``users[i]``."""
-    needs = set(problem.lifetimes.reads[i].tolist())
-    for user in users[i]:
-        needs.update(starts.get(user, ()))
-    return sorted(needs)
+    parts = [problem.lifetimes.reads[i]] + [starts[u] for u in users[i] if u in starts]
+    if len(parts) == 1:
+        return parts[0].tolist()  # ascending and distinct already
+    return np.unique(np.concatenate(parts).astype(np.int64)).tolist()
 
 
 def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]]:
@@ -80,8 +80,7 @@ def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]
 def _grouped(needs: list[int], gap: float) -> list[int]:
     """The needs that begin a new copy: the first, and each more than
     ``gap`` after the need before it."""
-    starts = needs[:1]
-    for before, step in zip(needs, needs[1:]):
-        if step - before > gap:
-            starts.append(step)
-    return starts
+    if len(needs) < 2:
+        return list(needs)
+    steps = np.asarray(needs)
+    return steps[np.concatenate(([True], np.diff(steps) > gap))].tolist()

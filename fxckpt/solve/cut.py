@@ -37,6 +37,35 @@ class NoFiniteCut(ValueError):
     recomputed)."""
 
 
+# Problems whose edges between values were built (one frontier asks for
+# many cuts of problems sharing their parents): parents -> (rows, cols, caps).
+_EDGES: dict[int, tuple] = {}
+_EDGES_KEPT = 8
+
+
+def _data_edges(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The infinite edges every cut of ``problem`` shares: out_i -> sink where
+    backward reads i, out_j -> in_i where i reads j."""
+    key = id(problem.parents)
+    hit = _EDGES.get(key)
+    if hit is not None and hit[0] is problem.parents and hit[1] is problem.needed:
+        return hit[2]
+    n = problem.n
+    ins, outs = np.arange(n) * 2, np.arange(n) * 2 + 1
+    needed = np.flatnonzero(problem.needed)
+    uniques = [np.unique(parents) for parents in problem.parents]
+    counts = np.array([len(u) for u in uniques], dtype=np.int64)
+    readers = np.repeat(np.arange(n), counts)
+    read = np.concatenate(uniques).astype(np.int64) if uniques else np.zeros(0, np.int64)
+    edges = (np.concatenate([outs[needed], outs[read]]),
+             np.concatenate([np.full(len(needed), 2 * n + 1), ins[readers]]),
+             np.full(len(needed) + len(read), _INF))
+    if len(_EDGES) >= _EDGES_KEPT:
+        _EDGES.pop(next(iter(_EDGES)))
+    _EDGES[key] = (problem.parents, problem.needed, edges)
+    return edges
+
+
 def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndarray,
             *, side: str = "source") -> np.ndarray:
     """Return the mask of saved values in a minimum cut."""
@@ -52,19 +81,10 @@ def min_cut(problem: Problem, save_weight: np.ndarray, recompute_weight: np.ndar
                         np.minimum(np.round(save_weight * scale), _FINITE_TOTAL), _INF)
     rec_cap = np.where(problem.can_recompute,
                        np.minimum(np.round(recompute_weight * scale), _FINITE_TOTAL), _INF)
-    rows = [ins, np.full(n, source)]
-    cols = [outs, ins]
-    caps = [save_cap, rec_cap]
-    needed = np.flatnonzero(problem.needed)
-    rows.append(outs[needed])
-    cols.append(np.full(len(needed), sink))
-    caps.append(np.full(len(needed), _INF))
-    for i, parents in enumerate(problem.parents):
-        parents = np.unique(parents)
-        rows.append(outs[parents])
-        cols.append(np.full(len(parents), ins[i]))
-        caps.append(np.full(len(parents), _INF))
-    row, col, cap = (np.concatenate(x) for x in (rows, cols, caps))
+    data_rows, data_cols, data_caps = _data_edges(problem)
+    row = np.concatenate([ins, np.full(n, source), data_rows])
+    col = np.concatenate([outs, ins, data_cols])
+    cap = np.concatenate([save_cap, rec_cap, data_caps])
     keep = cap > 0
     graph = sp.csr_array((cap[keep].astype(np.int32), (row[keep], col[keep])),
                          shape=(2 * n + 2, 2 * n + 2))

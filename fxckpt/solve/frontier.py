@@ -109,10 +109,15 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
                     ) -> list[Candidate]:
     """Plans on the exact peak / time cost frontier, lowest peak first."""
     strategy = _pick(solver, problem)
+    # Strategies and targets often land on the same plan: each distinct
+    # plan is rewritten and simulated once.
+    evaluated: dict[tuple, tuple] = {_plan_key(runtime_optimal[0]): runtime_optimal[1:]}
 
     def candidate(decision: Decision) -> Candidate:
-        rewritten, timeline = evaluate(decision)
-        return Candidate(decision, rewritten, timeline, _cost(problem, decision))
+        key = _plan_key(decision)
+        if key not in evaluated:
+            evaluated[key] = evaluate(decision)
+        return Candidate(decision, *evaluated[key], _cost(problem, decision))
 
     found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
@@ -201,6 +206,10 @@ def _below_lowest(solved, lowest: int) -> list[Candidate]:
             break
         lowest = found[-1].peak
     return found
+
+
+def _plan_key(decision: Decision) -> tuple:
+    return decision.saved, decision.recomputed, decision.offloaded, decision.again
 
 
 def _non_dominated(found: list[Candidate]) -> list[Candidate]:

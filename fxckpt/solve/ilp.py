@@ -36,13 +36,17 @@ class Infeasible(ValueError):
 
 
 def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
+              node_limit: int | None = None,
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Return (saved, recomputed, offloaded, gap); raise Infeasible when none exists."""
+    """Return (saved, recomputed, offloaded, gap); raise Infeasible when none
+    exists. ``node_limit``: the search stops after that many branch-and-bound
+    nodes instead of after ``time_limit`` seconds (the answer then does not
+    depend on the machine's speed or load)."""
     c, bounds = _objective_and_bounds(problem)
     constraints = _constraints(problem, budget)
+    limit = {"time_limit": time_limit} if node_limit is None else {"node_limit": node_limit}
     result = milp(c=c, integrality=np.ones(len(c)), bounds=bounds, constraints=constraints,
-                  options={"time_limit": time_limit, "mip_rel_gap": 1e-4,
-                           "presolve": True})
+                  options={**limit, "mip_rel_gap": 1e-4, "presolve": True})
     if result.x is None:
         raise Infeasible(result.message)
     saved, recomputed, offloaded = _split(problem, np.round(result.x) > 0.5)

@@ -1,0 +1,154 @@
+"""``fxckpt bench --suite compile``: how long the first step takes to
+compile, torch's way and fxckpt's, as the GPT grows.
+
+Each row (a layer count and a compiler, aot_eager or Inductor) runs in a
+process of its own, twice: first against an empty cache directory
+(``TORCHINDUCTOR_CACHE_DIR``, where torch keeps compiled graphs and fxckpt
+its plans), then in a second process against the directory the first left.
+In each process the four ways run side by side on fresh copies of the same
+model, one torch thread: torch.compile's default, torch with
+``activation_memory_budget``, fxckpt's default and fxckpt with the same
+budget fraction. A way's time is its first step (compile, forward and
+backward) in CPU seconds of the process (compiling runs on one core; on
+a shared machine the wall clock counts other jobs' time too, so it is kept
+beside, not compared); Dynamo is reset between ways. fxckpt's ways run
+first, so kernels both families build once (Inductor's C++ cache is shared
+within the directory) are charged to fxckpt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+WAYS = ("fxckpt_budget", "fxckpt_default", "torch_budget", "torch_default")
+COMPILERS = ("aot_eager", "inductor")
+LAYERS = (4, 8, 16, 32, 64)
+
+
+def gpt_step(n_layer: int):
+    """The GPT the suite compiles: n_embd 64, 2 heads, batch 2, 32 tokens,
+    dropout 0.1 (the default); (step module, inputs)."""
+    from fxckpt.bench.ways import Step
+    from fxckpt.models import GPT, GPTConfig, gpt_loss
+
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=n_layer, n_head=2, n_embd=64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT(config)
+        idx = torch.randint(config.vocab_size, (2, config.block_size))
+        targets = torch.randint(config.vocab_size, (2, config.block_size))
+    return Step(model, lambda logits: gpt_loss(logits, targets)), (idx,)
+
+
+def time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
+    """One way's first step, in this process: seconds, and for fxckpt's
+    ways the plans' fingerprints and planning seconds."""
+    import fxckpt
+
+    torch._dynamo.reset()
+    step, inputs = gpt_step(n_layer)
+    plans = None
+    if way.startswith("fxckpt"):
+        backend = fxckpt.backend(budget=budget if way == "fxckpt_budget" else None,
+                                 compiler="eager" if compiler == "aot_eager" else "inductor")
+        plans = backend.plans
+        amb = 1.0
+    else:
+        backend = compiler
+        amb = budget if way == "torch_budget" else 1.0
+    compiled = torch.compile(step, backend=backend)
+    with torch._functorch.config.patch(activation_memory_budget=amb):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        compiled(*inputs).backward()
+        cpu, wall = time.process_time() - cpu_start, time.perf_counter() - start
+    torch._dynamo.reset()
+    row = {"way": way, "seconds": cpu, "wall_seconds": wall}
+    if plans is not None:
+        row.update(fingerprints=[p.fingerprint for p in plans],
+                   planning_seconds=sum(p.plan_seconds for p in plans),
+                   peak_bytes=[p.peak_bytes for p in plans])
+    return row
+
+
+def measure_row(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:
+    """Every way, side by side in this process."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return {w: time_way(w, n_layer, compiler, budget) for w in WAYS}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run_row_processes(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:
+    """The row in a first process (empty caches) and a second one (the
+    caches the first left)."""
+    with tempfile.TemporaryDirectory(prefix="fxckpt-compile-bench-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+        args = [sys.executable, "-m", "fxckpt.bench.compile", str(n_layer), compiler,
+                repr(budget), str(threads)]
+        runs = []
+        for _ in range(2):
+            done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"compile bench row {n_layer} x {compiler} failed:\n"
+                                   + done.stderr[-4000:])
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {"layers": n_layer, "compiler": compiler, "first": runs[0], "second": runs[1]}
+
+
+def run_compile(*, layers=LAYERS, compilers=COMPILERS, budget: float = 0.5,
+                threads: int = 1, progress=None) -> dict:
+    rows = []
+    if progress is not None:
+        progress.start("compile", len(layers) * len(compilers))
+    for n_layer in layers:
+        for compiler in compilers:
+            label = f"compile: GPT {n_layer} layers, {compiler}"
+            if progress is None:
+                rows.append(run_row_processes(n_layer, compiler, budget, threads))
+                continue
+            with progress.row(label):
+                rows.append(run_row_processes(n_layer, compiler, budget, threads))
+    return {"budget": budget, "rows": rows}
+
+
+def compile_markdown(result: dict) -> str:
+    budget = result["budget"]
+    head = ("| layers | compiler | torch default s | torch budget s | fxckpt default s | "
+            "fxckpt budget s | fxckpt budget / torch default | fxckpt budget / torch budget | "
+            "fxckpt planning s (default / budget) | second process s (torch default, torch "
+            "budget, fxckpt default, fxckpt budget) | second / first, fxckpt budget |")
+    lines = [head, "|" + "---|" * 11]
+    for row in result["rows"]:
+        first, second = row["first"], row["second"]
+        s = {w: first[w]["seconds"] for w in WAYS}
+        again = ", ".join(f"{second[w]['seconds']:.2f}" for w in reversed(WAYS))
+        lines.append(
+            f"| {row['layers']} | {row['compiler']} | {s['torch_default']:.2f} | "
+            f"{s['torch_budget']:.2f} | {s['fxckpt_default']:.2f} | {s['fxckpt_budget']:.2f} | "
+            f"{s['fxckpt_budget'] / s['torch_default']:.2f}x | "
+            f"{s['fxckpt_budget'] / s['torch_budget']:.2f}x | "
+            f"{first['fxckpt_default']['planning_seconds']:.2f} / "
+            f"{first['fxckpt_budget']['planning_seconds']:.2f} | {again} | "
+            f"{second['fxckpt_budget']['seconds'] / s['fxckpt_budget']:.2f}x |")
+    return (f"First-step CPU seconds of the process (compile, forward, backward), one "
+            f"torch thread; torch "
+            f"budget: activation_memory_budget={budget:g}; fxckpt budget: budget={budget:g}.\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def _main(argv: list[str]) -> None:
+    n_layer, compiler, budget, threads = int(argv[0]), argv[1], float(argv[2]), int(argv[3])
+    print(json.dumps(measure_row(n_layer, compiler, budget, threads)))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

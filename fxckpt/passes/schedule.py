@@ -1,0 +1,460 @@
+"""The memory model of a rewritten plan, without rewriting: a plan's peak
+from the joint graph read once.
+
+``rewrite`` builds FX graphs (a copy of the joint graph, the recompute
+clones, AOTAutograd's extraction of forward and backward, the backward
+scheduled just in time) and ``memory.simulate`` walks them. Both are exact,
+and for a candidate plan that only needs its peak, slow: thousands of nodes
+created per plan. ``ScheduleModel`` reads the joint graph once into plain
+lists (each node's inputs, storages, bytes, workspace, device, purity) and
+for a Decision replays what the rewrite would produce -- which nodes each
+graph keeps, in which order, which values forward saves, where backward
+runs each clone -- and walks that sequence with memory.py's rules (storages
+live from their producer to their last reader, outputs kept, views free,
+graph inputs not counted, workspace counted while its op runs).
+
+It covers what the budgeted frontier mostly asks for: plans that save and
+recompute, random recomputes replaying a saved generator state included,
+values recomputed more than once (Decision.again: one copy per range of
+backward steps, each reader reading the copy serving its step, earlier
+copies with storages of their own or, for views, their input copy's),
+simulated unfused (``compiler="eager"``). It declines (``peak`` returns
+None, and the caller rewrites for real) plans that offload, Inductor's fused
+model, graphs with in-place ops or seeds, and recomputes whose clones would
+make the rewrite move forward nodes. The pipeline checks its answer on the
+plan that runs, against the real rewrite and simulation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from fxckpt.memory import StorageMemo, workspace_bytes
+from fxckpt.ops import random_op_device
+from fxckpt.passes.rng import rng_state_bytes
+from fxckpt.types import BACKWARD, Decision, Profile, copy_recomputed_name, recomputed_name
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """What the frontier keeps of a plan the model simulated: no graphs, the
+    generator-state bytes forward saves (as Rewritten has them)."""
+
+    rng_state_bytes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ModelTimeline:
+    peak_bytes: int
+    peak_at: str
+    fused: bool = False
+
+
+@dataclass
+class _Node:
+    name: str
+    kind: str                       # "primal", "tangent", "op"
+    inputs: tuple[int, ...]         # joint indices, in all_input_nodes order
+    storages: tuple[tuple[object, int], ...]
+    workspace: int
+    counted: bool                   # on the graph's device (or no device)
+    impure: bool                    # kept by dead-code elimination (random ops too)
+    side_effect: bool               # kept by the backward schedule (random ops not)
+    backward: bool                  # profile phase is backward
+    getitem: bool                   # takes an element out of a tuple
+    # Per storage: (input position, its storage position) where the value is
+    # a view of that input's storage, else None (a storage of its own).
+    aliases: tuple = ()
+    state_bytes: int = 0            # generator state, if it is random
+
+
+@dataclass
+class _Walk:
+    live: dict = field(default_factory=dict)
+    not_counted: set = field(default_factory=set)
+    peak: int = 0
+    peak_at: str = ""
+    total: int = 0                  # sum of live's bytes
+
+
+class ScheduleModel:
+    """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
+
+    def __init__(self, nodes: list[_Node], fwd_outputs: list[int], bwd_outputs: list[int],
+                 first_backward: int) -> None:
+        self.nodes = nodes
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
+        self.first_backward = first_backward
+        self.inputs = {i: node.inputs for i, node in enumerate(nodes)}
+        self.users: list[list[int]] = [[] for _ in nodes]
+        for i, node in enumerate(nodes):
+            for a in dict.fromkeys(node.inputs):
+                self.users[a].append(i)
+        # Backward steps (Decision.again's): each backward node's index
+        # among the backward nodes, in graph order.
+        self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
+        # Whether dead-code elimination keeps a replay nobody reads.
+        self.replay_impure, self.pair_impure = _rng_calls_impure()
+
+    def state_bytes(self, decision: Decision) -> dict[str, int]:
+        """Generator-state bytes forward saves, by random recomputed value."""
+        return {n: self.nodes[self.index[n]].state_bytes for n in decision.recomputed
+                if self.nodes[self.index[n]].state_bytes}
+
+    def peak(self, decision: Decision) -> ModelTimeline | None:
+        if decision.offloaded:
+            return None
+        recomputed = sorted(self.index[n] for n in decision.recomputed)
+        if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
+            return None  # the rewrite would move forward nodes up
+        saved = {self.index[n] for n in decision.saved}
+        states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
+        tangents = [i for i, n in enumerate(self.nodes) if n.kind == "tangent"]
+        placeholders = sorted(saved) + states + tangents
+        again = {self.index[n]: steps for n, steps in decision.again}
+        order, inputs, copies = self._edited(recomputed, again)
+        inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
+        outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
+        pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
+        bwd, used, after = self._backward(order, inputs, placeholders, outputs, pairs)
+        # Saved values backward does not read are dropped from both graphs.
+        saved_used = [p for p in placeholders if p in used and p not in tangents]
+        placeholders = saved_used + tangents
+        fwd, kept = self._forward(saved_used, pairs)
+        walk = _Walk()
+        primals = [i for i, n in enumerate(self.nodes) if n.kind == "primal"]
+        walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
+        self._run(primals + fwd, {i: self.nodes[i].inputs for i in fwd}, self._refs(kept),
+                  walk, "forward", set(primals), pairs)
+        for p in placeholders:
+            self._allocate(p, walk)
+        sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
+        self._run(sequence, inputs, self._refs(outputs), walk, "backward",
+                  set(placeholders), set())
+        return ModelTimeline(walk.peak, walk.peak_at)
+
+    # --- the rewrite, replayed ---------------------------------------------
+
+    def _edited(self, recomputed: list[int], again: dict):
+        """The edited joint graph's order (copies in front of the first
+        backward node: ("clone", i) the last copy of value i, ("copy", i, j)
+        its earlier ones), every node's inputs after backward was pointed at
+        the copies serving its step, and each value's copies as [(first step
+        served, copy)]. Earlier copies' storages go to ``self.fresh``."""
+        need = self._first_needs(recomputed)
+        copies: dict[int, list] = {}
+        inputs: dict = {}
+        self.fresh = {}
+        for r in recomputed:
+            starts = [need[r], *(s for s in again.get(r, ()) if s > need[r])]
+            made = []
+            for j, start in enumerate(starts):
+                key = ("clone", r) if j == len(starts) - 1 else ("copy", r, j)
+                mapped = tuple(_pick(a, start, copies) for a in self.nodes[r].inputs)
+                if key[0] == "copy":
+                    self.fresh[key] = self._fresh_storages(key, mapped)
+                if self.nodes[r].state_bytes:
+                    mapped = (("state", r),) + mapped
+                inputs[key] = tuple(dict.fromkeys(mapped))
+                made.append((start, key))
+            copies[r] = made
+        inputs.update(self.inputs)
+        for u in {u for r in recomputed for u in self.users[r] if self.nodes[u].backward}:
+            inputs[u] = tuple(dict.fromkeys(_pick(a, self.steps[u], copies)
+                                            for a in self.nodes[u].inputs))
+        order = list(range(self.first_backward)) \
+            + [key for r in recomputed for _, key in copies[r]] \
+            + list(range(self.first_backward, len(self.nodes)))
+        return order, inputs, copies
+
+    def _first_needs(self, recomputed: list[int]) -> dict[int, int]:
+        """The first backward step needing each recomputed value: reading
+        it, or a recomputed value backward needs (rewrite.py's rule)."""
+        chosen = set(recomputed)
+        need = {r: min((self.steps[u] for u in self.users[r] if u in self.steps),
+                       default=len(self.steps)) for r in recomputed}
+        for r in reversed(recomputed):
+            for u in self.users[r]:
+                if u in chosen:
+                    need[r] = min(need[r], need[u])
+        return need
+
+    def _fresh_storages(self, key, mapped: tuple) -> tuple:
+        """An earlier copy's storages: its own, or where the op is a view,
+        those of the copy of the input it reads."""
+        node = self.nodes[key[1]]
+        found = []
+        for p, ((_, nbytes), alias) in enumerate(zip(node.storages, node.aliases)):
+            if alias is None:
+                found.append(((*key, p), nbytes))
+            else:
+                found.append((self._storages(mapped[alias[0]])[alias[1]][0], nbytes))
+        return tuple(found)
+
+    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set):
+        """Backward's nodes in the order the just-in-time schedule runs
+        them, and the placeholders its extraction found read."""
+        valid, kept = set(placeholders), []
+        for key in order:
+            if key in valid or self._kind(key) != "op":
+                continue
+            if all(a in valid for a in inputs[key]):
+                valid.add(key)
+                kept.append(key)
+        dce = _ancestors(outputs + [k for k in kept if self._impure(k, True, pairs)], inputs)
+        outside = set(placeholders)
+        used = {a for k in dce if k not in outside for a in inputs[k]} | set(outputs)
+        needed = _ancestors(outputs + [k for k in kept
+                                       if k in dce and self._impure(k, False, pairs)], inputs)
+        emitted: set = set(placeholders)
+        sequence: list = []
+        # A tuple's elements are taken out right after it (rewrite.py).
+        elements: dict = {}
+        for key in kept:
+            if key in needed and self.nodes[key[1] if isinstance(key, tuple) else key].getitem:
+                for a in inputs[key]:
+                    elements.setdefault(a, []).append(key)
+
+        def emit(key) -> None:
+            if key in emitted:
+                return
+            for a in inputs[key]:
+                emit(a)
+            emitted.add(key)
+            sequence.append(key)
+            for element in elements.get(key, ()):
+                emit(element)
+
+        after = {}  # placeholder -> its elements, taken out right after it
+        for p in placeholders:
+            sequence = []
+            for element in elements.get(p, ()):
+                emit(element)
+            if sequence:
+                after[p] = sequence
+        sequence = []
+        for key in kept:
+            if key in needed and not (isinstance(key, tuple) and key[0] != "state"):
+                emit(key)
+        return sequence, used, after
+
+    def _forward(self, saved_used: list, pairs: set):
+        """Forward's nodes in order, and its outputs (kept to the end)."""
+        valid = {i for i, n in enumerate(self.nodes) if n.kind == "primal"}
+        kept = []
+        for i, node in enumerate(self.nodes):
+            if node.kind == "op" and not node.backward and all(a in valid for a in node.inputs):
+                valid.add(i)
+                kept.append(i)
+        outputs = list(self.fwd_outputs) + saved_used
+        roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
+        inputs = {i: self.nodes[i].inputs for i in kept}
+        live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
+        return [i for i in kept if i in live], outputs
+
+    # --- the walk, as memory.py does it ------------------------------------
+
+    def _name(self, key, pairs) -> str:
+        """The node's name in the rewritten graph."""
+        if isinstance(key, tuple):
+            name = self.nodes[key[1]].name
+            return copy_recomputed_name(name, key[2]) if key[0] == "copy" \
+                else recomputed_name(name)
+        if key in pairs:  # named by FX as the rewrite creates them, in order
+            k = sorted(pairs).index(key)
+            return "run_and_save_rng_state" + (f"_{k}" if k else "")
+        return self.nodes[key].name
+
+    def _kind(self, key) -> str:
+        return "op" if isinstance(key, tuple) and key[0] != "state" else \
+            "state" if isinstance(key, tuple) else self.nodes[key].kind
+
+    def _impure(self, key, random: bool, pairs: set) -> bool:
+        """Kept by dead-code elimination (``random``: FX's default, random
+        ops kept) or by the backward schedule (random ops dropped). A random
+        op forward replaces by run_and_save_rng_state is pure."""
+        if isinstance(key, tuple):
+            return random and self.nodes[key[1]].state_bytes > 0 and self.replay_impure
+        if key in pairs:
+            return self.pair_impure
+        node = self.nodes[key]
+        return node.impure if random else node.side_effect
+
+    def _storages(self, key) -> tuple:
+        if isinstance(key, tuple) and key[0] == "state":
+            return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
+        if isinstance(key, tuple) and key[0] == "copy":
+            return self.fresh[key]
+        return self.nodes[key[1] if isinstance(key, tuple) else key].storages
+
+    def _refs(self, keys) -> set:
+        return {ref for k in keys for ref, _ in self._storages(k)}
+
+    def _allocate(self, key, walk: _Walk, extra=(), storages=None) -> None:
+        node = self.nodes[key[1] if isinstance(key, tuple) else key]
+        if not node.counted:
+            return
+        found = self._storages(key) if storages is None else storages
+        for ref, nbytes in found + tuple(extra):
+            if ref not in walk.live and ref not in walk.not_counted:
+                walk.live[ref] = nbytes
+                walk.total += nbytes
+
+    def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
+             placeholders: set, pairs: set) -> None:
+        """memory.py's walk of one graph; ``pairs``: random nodes forward
+        runs as run_and_save_rng_state, allocating their generator state."""
+        memo: dict = {}
+
+        def storages_of(key):
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = self._storages(key)
+            return found
+
+        last: dict = {}
+        for index, key in enumerate(sequence):
+            for ref, _ in storages_of(key):
+                last.setdefault(ref, index)
+            if key in pairs:
+                last.setdefault(-1 - key, index)
+            for arg in inputs.get(key, ()):
+                for ref, _ in storages_of(arg):
+                    last[ref] = index
+        frees: dict[int, list] = {}
+        for ref, index in last.items():
+            if ref not in keep:
+                frees.setdefault(index, []).append(ref)
+        for index, key in enumerate(sequence):
+            node = self.nodes[key[1] if isinstance(key, tuple) else key]
+            state = ((-1 - key, node.state_bytes),) if key in pairs else ()
+            self._allocate(key, walk, extra=state, storages=storages_of(key))
+            total = walk.total
+            if key not in placeholders:
+                total += node.workspace
+                if isinstance(key, tuple) and node.state_bytes:
+                    total += node.state_bytes  # a replay holds the state it replaces
+            if total > walk.peak:
+                walk.peak, walk.peak_at = total, f"{phase}:{self._name(key, pairs)}"
+            for ref in frees.get(index, ()):
+                walk.total -= walk.live.pop(ref, 0)
+
+
+def _pick(value, step: int, copies: dict):
+    """What a reader needing ``value`` at backward ``step`` reads: the last
+    of its copies begun by then (the first if none is), or the value."""
+    made = copies.get(value)
+    if made is None:
+        return value
+    k = bisect.bisect_right([start for start, _ in made], step) - 1
+    return made[max(k, 0)][1]
+
+
+def _ancestors(roots, inputs) -> set:
+    """``roots`` and what they read, through ``inputs``."""
+    seen: set = set()
+    stack = list(roots)
+    while stack:
+        key = stack.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.extend(inputs.get(key, ()))
+    return seen
+
+
+def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
+          ) -> ScheduleModel | None:
+    """The model of ``joint`` (the graph ``rewrite`` is given), or None for
+    a graph it does not cover."""
+    graph = joint.graph
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    index = {n: i for i, n in enumerate(nodes)}
+    storages = StorageMemo()
+    devices = {_device(n) for n in nodes} - {""}
+    if len(devices) > 1:
+        return None
+    device = devices.pop() if devices else "cpu"
+    model_nodes = []
+    ids: dict = {}  # storages as numbers (generator states are negative)
+
+    def numbered(node: fx.Node):
+        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
+
+    for n in nodes:
+        made = _model_node(n, index, numbered, profile, device)
+        if made is None:
+            return None
+        model_nodes.append(made)
+    flat = pytree.arg_tree_leaves(*graph.output_node().args)
+    fwd = [index[x] for x in flat[:num_fwd_outputs] if isinstance(x, fx.Node)]
+    bwd = [index[x] for x in flat[num_fwd_outputs:] if isinstance(x, fx.Node)]
+    first_backward = next((i for i, m in enumerate(model_nodes)
+                           if m.kind == "op" and m.backward), len(model_nodes))
+    return ScheduleModel(model_nodes, fwd, bwd, first_backward)
+
+
+def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
+    if node.op == "placeholder":
+        if node.name.startswith("primals"):
+            kind = "primal"
+        elif node.name.startswith("tangents"):
+            kind = "tangent"
+        else:
+            return None  # seeds, backward state
+    elif node.op == "call_function":
+        kind = "op"
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return None
+    else:
+        return None
+    info = profile.nodes.get(node.name)
+    random = info is not None and info.is_random
+    own = tuple(storages(node))
+    return _Node(
+        name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
+        storages=own, workspace=workspace_bytes(node),
+        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
+        counted=_device(node) in (device, ""),
+        impure=kind == "op" and node.is_impure(),
+        side_effect=kind == "op" and node.is_impure(impure_random=False),
+        backward=info is not None and info.phase == BACKWARD,
+        getitem=node.target is operator.getitem,
+        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0)
+
+
+def _aliases(own: tuple, inputs: list) -> tuple:
+    """For each of a node's storages, (input position, storage position) of
+    the input storage it is, or None."""
+    where = {}
+    for k, found in enumerate(inputs):
+        for q, (ref, _) in enumerate(found):
+            where.setdefault(ref, (k, q))
+    return tuple(where.get(ref) for ref, _ in own)
+
+
+def _rng_calls_impure() -> tuple[bool, bool]:
+    """Whether FX counts run_with_rng_state and run_and_save_rng_state calls
+    impure (dead-code elimination keeps them)."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    graph = fx.Graph()
+    state = graph.placeholder("state")
+    op = torch.ops.aten.rand.default
+    return (graph.call_function(run_with_rng_state, (state, op, [1])).is_impure(),
+            graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
+
+
+def _device(node: fx.Node) -> str:
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.Tensor):
+            return v.device.type
+    return ""

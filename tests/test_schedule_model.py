@@ -1,0 +1,174 @@
+"""The schedule model (fxckpt/passes/schedule.py) gives, for any plan it
+covers, the peak and peak location memory.py gives for the graphs the
+rewrite builds: on random programs (linear layers, pointwise ops, views,
+dropout, residuals, reductions) and random valid plans, found by hypothesis.
+And planning with it chooses the plans planning without it does."""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from fxckpt.bench.compile import gpt_step
+from fxckpt.bench.solvers import capture_joint
+from fxckpt.errors import PlanError
+from fxckpt.memory import simulate
+from fxckpt.options import Options
+from fxckpt.passes import schedule
+from fxckpt.passes.rewrite import rewrite
+from fxckpt.passes.verify import verify_decision
+from fxckpt.phases import PhaseClock
+from fxckpt.pipeline import Planner, deduplicated
+from fxckpt.types import BACKWARD, Decision
+
+
+class RandomProgram(torch.nn.Module):
+    """A chain of ops drawn from ``seed``, each reading the last value and
+    sometimes an earlier one."""
+
+    OPS = ("linear", "relu", "gelu", "tanh", "dropout", "transpose", "view", "residual",
+           "mul", "layer_norm", "softmax")
+
+    def __init__(self, seed: int, width: int = 8) -> None:
+        super().__init__()
+        rng = random.Random(seed)
+        self.ops = [rng.choice(self.OPS) for _ in range(rng.randint(3, 9))]
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(width, width)
+                                           for op in self.ops if op == "linear")
+        self.norm = torch.nn.LayerNorm(width)
+        self.back = [rng.randint(0, 10) for _ in self.ops]
+
+    def forward(self, x):
+        values, linears = [x], iter(self.linears)
+        for op, back in zip(self.ops, self.back):
+            y = values[-1]
+            if op == "linear":
+                y = next(linears)(y)
+            elif op == "dropout":
+                y = torch.nn.functional.dropout(y, 0.2, training=True)
+            elif op == "transpose":
+                y = y.transpose(0, 1).contiguous().transpose(0, 1)
+            elif op == "view":
+                y = y.view(-1).view(y.shape) * 2
+            elif op == "residual":
+                y = y + values[-1 - back % len(values)]
+            elif op == "mul":
+                y = y * values[back % len(values)]
+            elif op == "layer_norm":
+                y = self.norm(y)
+            elif op == "softmax":
+                y = y.softmax(-1)
+            else:
+                y = getattr(torch, op)(y) if op != "gelu" else torch.nn.functional.gelu(y)
+            values.append(y)
+        return values[-1].pow(2).sum()
+
+
+@functools.lru_cache(maxsize=None)
+def analysed(seed: int):
+    """(joint, profile, num_fwd_outputs, model) of a program (seed >= 0) or
+    of a two-layer GPT (seed -1)."""
+    if seed < 0:
+        step, inputs = gpt_step(2)
+    else:
+        torch.manual_seed(seed)
+        step, inputs = RandomProgram(seed), (torch.randn(4, 8, requires_grad=True),)
+    joint, joint_inputs, kwargs = capture_joint(step, inputs)
+    planner = Planner(Options.create(compiler="eager"))
+    profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
+                                        kwargs.get("static_lifetime_input_indices"),
+                                        PhaseClock())
+    joint = deduplicated(joint)
+    model = schedule.build(joint, profile, num_fwd_outputs=kwargs["num_fwd_outputs"])
+    return joint, profile, tags, kwargs["num_fwd_outputs"], model
+
+
+def random_decision(profile, draw_bits: int) -> Decision:
+    """Recompute a random subset of the recomputable forward values; save
+    every other forward value backward or a recompute reads."""
+    rng = random.Random(draw_bits)
+    forward = [n for n, p in profile.nodes.items() if p.phase != BACKWARD]
+    recomputable = [n for n in forward if not profile.nodes[n].not_recomputable]
+    recomputed = {n for n in recomputable if rng.random() < rng.random()}
+    readers = [p for p in profile.nodes.values()
+               if p.phase == BACKWARD or p.name in recomputed]
+    saved = {i for p in readers for i in p.inputs
+             if profile.nodes[i].phase != BACKWARD and i not in recomputed}
+    return Decision(saved=frozenset(saved), recomputed=frozenset(recomputed), solver="random")
+
+
+def with_random_again(profile, decision: Decision, draw_bits: int) -> Decision:
+    """Some recomputed values made again: each from one to three random
+    backward steps on (Decision.again), steps past the end included."""
+    rng = random.Random(draw_bits)
+    steps = sum(1 for p in profile.nodes.values() if p.phase == BACKWARD)
+    again = tuple((name, tuple(sorted(set(rng.randrange(steps + 2)
+                                          for _ in range(rng.randint(1, 3))))))
+                  for name in sorted(decision.recomputed) if rng.random() < 0.4)
+    return replace(decision, again=again)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32), again=st.booleans())
+def test_model_peak_is_memory_models_peak(seed, bits, again):
+    """With Decision.again too: one copy per range of backward steps."""
+    joint, profile, tags, num_fwd_outputs, model = analysed(seed)
+    assert model is not None
+    decision = random_decision(profile, bits)
+    if again:
+        decision = with_random_again(profile, decision, bits)
+        assume(decision.again)
+    try:
+        verify_decision(profile, tags, decision)
+    except PlanError:
+        assume(False)
+    estimated = model.peak(decision)
+    assume(estimated is not None)
+    rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
+    real = simulate(rewritten.forward.graph, rewritten.backward.graph)
+    assert (estimated.peak_bytes, estimated.peak_at) == (real.peak_bytes, real.peak_at)
+    assert sum(model.state_bytes(decision).values()) == sum(rewritten.rng_state_bytes.values())
+
+
+def test_the_gpt_recomputing_its_dropout_is_covered():
+    """The case the model is for: random recomputes, replayed from a state."""
+    joint, profile, tags, num_fwd_outputs, model = analysed(-1)
+    dropouts = frozenset(n for n, p in profile.nodes.items() if p.is_random)
+    assert dropouts
+    base = random_decision(profile, 0)
+    decision = random_decision(profile, 1)
+    for d in (base, decision):
+        recomputed = d.recomputed | dropouts
+        readers = [p for p in profile.nodes.values()
+                   if p.phase == BACKWARD or p.name in recomputed]
+        saved = frozenset(i for p in readers for i in p.inputs
+                          if profile.nodes[i].phase != BACKWARD and i not in recomputed)
+        d = Decision(saved=saved, recomputed=recomputed, solver="test")
+        verify_decision(profile, tags, d)
+        rewritten = rewrite(joint, profile, d, num_fwd_outputs=num_fwd_outputs)
+        real = simulate(rewritten.forward.graph, rewritten.backward.graph)
+        assert rewritten.rng_states
+        assert model.peak(d).peak_bytes == real.peak_bytes
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5, 0.9])
+def test_planning_with_the_model_chooses_the_plan_planning_without_it_does(budget):
+    step, inputs = gpt_step(2)
+    joint, joint_inputs, kwargs = capture_joint(step, inputs)
+    plans = []
+    for estimates in (True, False):
+        planner = Planner(Options.create(compiler="eager", budget=budget))
+        planner.estimates = estimates
+        planner(joint, joint_inputs, **kwargs)
+        plans.append(planner.plans[0])
+        frontier = planner.frontiers_seen[0]
+        plans.append(frontier)
+    assert plans[0].fingerprint == plans[2].fingerprint
+    assert plans[0].peak_bytes == plans[2].peak_bytes
+    assert plans[1] == plans[3]  # the same frontier, point for point
