@@ -138,6 +138,12 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     until it fits; its plans reach the caller only then."""
     on_plan, planner.on_plan = planner.on_plan, None
     mark, tried, peaks = len(planner.plans), [], []
+    if _byte_budget(planner):
+        # A compile whose plan is over the budget is thrown away, but
+        # AOTAutograd would have cached it under the uuid, and served it to
+        # the next compile planned lower: its cache stays off (the plan
+        # cache still keeps the decision that fitted).
+        uuid = None
     try:
         for attempt in range(_ATTEMPTS):
             code: dict[str, str] = {}
@@ -206,6 +212,11 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
     with functorch_config.patch(patches):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
+
+
+def _byte_budget(planner) -> bool:
+    budget = planner.options.budget
+    return budget is not None and budget.bytes is not None
 
 
 def _symbolic(example_inputs) -> bool:

@@ -81,6 +81,9 @@ class Problem:
     # Pointwise, not random, and read only by pointwise ops (forward and
     # backward): no reader needs it materialised. None: not known (all False).
     unmaterialized: np.ndarray | None = field(default=None, repr=False)
+    # Values made from no other value that a decision never saves (under
+    # Inductor, see constant_fill); None: none.
+    refilled: np.ndarray | None = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
     # How torch's own partitioner sees each value (the per-block reference).
     remat: RematClasses | None = field(default=None, repr=False)
@@ -248,10 +251,26 @@ def _unmaterialized(profile: Profile, forward) -> np.ndarray:
                      for node in forward], dtype=bool)
 
 
+def constant_fill(node, profile: Profile) -> bool:
+    """A value made from no other value (``full``, ``scalar_tensor``,
+    ``iota``): Inductor writes it into the code of each kernel that reads it,
+    or fills a buffer where an extern kernel reads it. Saved, it is a buffer
+    held from forward to the end of backward, and one that many backward
+    kernels read: Inductor fuses kernels that share reads, so a saved zeros
+    tensor read by every layer's softmax pulls the recomputation of one layer
+    into the kernels of another, holding its values early."""
+    return (not node.inputs and not node.is_input and node.recomputable
+            and not node.is_random and node.is_tensor
+            and node.name not in profile.forward_outputs
+            and node.name not in profile.backward_outputs)
+
+
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
-                  bandwidth: float | None = None) -> Problem:
+                  bandwidth: float | None = None, fuses: bool = False) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
-    which prices offload; needed only when some value is tagged *_CPU_OFFLOAD."""
+    which prices offload; needed only when some value is tagged *_CPU_OFFLOAD.
+    ``fuses``: the compiler inlines pointwise code (Inductor): then constant
+    fills are never saved (``kept_constant``)."""
     forward = profile.forward_nodes()
     names = tuple(n.name for n in forward)
     index = {name: i for i, name in enumerate(names)}
@@ -303,13 +322,23 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
                    remat=remat_classes(profile, index),
-                   unmaterialized=_unmaterialized(profile, forward), **stages)
+                   unmaterialized=_unmaterialized(profile, forward),
+                   refilled=_refilled(profile, tags, forward) if fuses else None, **stages)
+
+
+def _refilled(profile: Profile, tags: dict[str, Tag], forward) -> np.ndarray:
+    return np.array([tags[node.name].origin == Origin.DEFAULT and constant_fill(node, profile)
+                     for node in forward], dtype=bool)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
                 offloaded: np.ndarray | None = None, *,
                 solver: str, seconds: float, gap: float | None,
                 budget_bytes: int | None) -> Decision:
+    if problem.refilled is not None and (saved & problem.refilled).any():
+        # Made again in backward rather than kept: it has no inputs to keep.
+        moved = saved & problem.refilled
+        saved, recomputed = saved & ~moved, recomputed | moved
     if offloaded is None:
         offloaded = problem.tagged_offload(saved)
     overrides = tuple(_override(problem, i, recomputed[i])
