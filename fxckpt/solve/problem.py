@@ -42,6 +42,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
 from fxckpt.solve.common import run_in_forward
+from fxckpt.solve.refill import refilled
 from fxckpt.solve.remat_classes import RematClasses, remat_classes
 
 MAX_STAGES = 64
@@ -251,20 +252,6 @@ def _unmaterialized(profile: Profile, forward) -> np.ndarray:
                      for node in forward], dtype=bool)
 
 
-def constant_fill(node, profile: Profile) -> bool:
-    """A value made from no other value (``full``, ``scalar_tensor``,
-    ``iota``): Inductor writes it into the code of each kernel that reads it,
-    or fills a buffer where an extern kernel reads it. Saved, it is a buffer
-    held from forward to the end of backward, and one that many backward
-    kernels read: Inductor fuses kernels that share reads, so a saved zeros
-    tensor read by every layer's softmax pulls the recomputation of one layer
-    into the kernels of another, holding its values early."""
-    return (not node.inputs and not node.is_input and node.recomputable
-            and not node.is_random and node.is_tensor
-            and node.name not in profile.forward_outputs
-            and node.name not in profile.backward_outputs)
-
-
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
                   bandwidth: float | None = None, fuses: bool = False) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
@@ -323,12 +310,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
                    remat=remat_classes(profile, index),
                    unmaterialized=_unmaterialized(profile, forward),
-                   refilled=_refilled(profile, tags, forward) if fuses else None, **stages)
+                   refilled=refilled(profile, tags, forward) if fuses else None, **stages)
 
-
-def _refilled(profile: Profile, tags: dict[str, Tag], forward) -> np.ndarray:
-    return np.array([tags[node.name].origin == Origin.DEFAULT and constant_fill(node, profile)
-                     for node in forward], dtype=bool)
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
