@@ -22,6 +22,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from fxckpt.compiled_peak import step_peak
+from fxckpt.fusion import recompute_apart
 from fxckpt.errors import BudgetError
 from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
 from fxckpt.memory import has_symbolic_sizes
@@ -126,59 +127,99 @@ def _compile(gm, example_inputs, planner, uuid: str | None):
 
 
 # Compiles of one graph at most, where each compiled plan peaks over its
-# byte budget and the graph is planned again below it by the excess.
+# byte budget and the graph is planned again below it by the excess; the
+# last of them is the floor's plan.
 _ATTEMPTS = 4
+# Bytes to plan below the budget for the floor's plan: solve() stops a
+# lowered budget at the floor.
+_TO_FLOOR = 1 << 62
 
 
 def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     """Compile with Inductor and read each plan's real peak off the code it
     generated (fxckpt/compiled_peak.py): that is the plan's peak from then
-    on. A plan whose compiled code peaks over its byte budget is thrown
-    away and the graph planned again, the budget lowered by the excess,
-    until it fits; its plans reach the caller only then."""
+    on. Under a byte budget, a plan whose compiled code peaks over it is
+    thrown away and the graph planned again (``_fitted``); its plans reach
+    the caller only then."""
     on_plan, planner.on_plan = planner.on_plan, None
-    mark, tried, peaks = len(planner.plans), [], []
+    mark = len(planner.plans)
     try:
-        for attempt in range(_ATTEMPTS):
-            code: dict[str, str] = {}
-            compiled = _inductor(gm, example_inputs, planner, uuid, code)
-            over = _note_compiled_peaks(planner, mark, code)
-            if not over:
-                break
-            plan = planner.plans[-1]
-            peaks.append(plan.peak_bytes)
-            if attempt == _ATTEMPTS - 1 or plan.fingerprint in tried:
-                # Planning lower gave the same plan (the floor's) or no plan
-                # under the budget in as many compiles: refused, naming the
-                # lowest compiled peak of the plans tried and of the
-                # runtime-optimal plan, a budget that is met.
-                raise _still_over(plan, over, min(peaks + [_unbudgeted_peak(
-                    gm, example_inputs, planner, uuid, mark)]))
-            tried.append(plan.fingerprint)
-            log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
-                     "again %d bytes lower", over, planner.lowered_by + over)
-            planner.retract(mark)
-            planner.lowered_by += over
+        if _byte_budget(planner):
+            # A compile whose plan is over the budget is thrown away, but
+            # AOTAutograd would have cached it under the uuid, and served it
+            # to the next compile planned lower: its cache stays off (the
+            # plan cache still keeps the decision that fitted).
+            planner.lowered_by = 0
+            compiled = _fitted(gm, example_inputs, planner, mark)
+        else:
+            compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark)
     finally:
-        planner.on_plan = on_plan
+        planner.on_plan, planner.lowered_by = on_plan, 0
     if on_plan is not None:
         for plan in planner.plans[mark:]:
             on_plan(plan)
     return compiled
 
 
-def _unbudgeted_peak(gm, example_inputs, planner, uuid, mark: int) -> int:
-    """The compiled peak of the graph's runtime-optimal plan."""
-    planner.retract(mark)
+def _fitted(gm, example_inputs, planner, mark: int):
+    """The compile of a plan whose compiled code meets the byte budget:
+    planned at the budget, then lower by what each compiled plan exceeded,
+    the last try the memory model's floor plan; failing those, the
+    runtime-optimal plan if its code fits. Otherwise a BudgetError naming
+    the lower compiled peak of the floor's plan and the runtime-optimal
+    plan: planning is deterministic, so asking that budget gets one of them."""
+    tried: list[str] = []
+    floor_peak = None
+    for attempt in range(_ATTEMPTS):
+        if attempt == _ATTEMPTS - 1:
+            planner.lowered_by = _TO_FLOOR
+        try:
+            compiled, over = _attempt(gm, example_inputs, planner, None, mark)
+        except BudgetError as below_floor:
+            if below_floor.floor_bytes is None or planner.lowered_by == _TO_FLOOR:
+                raise
+            # Below the memory model's floor: its plan's compiled peak is
+            # the floor to name.
+            planner.lowered_by = _TO_FLOOR
+            compiled, over = _attempt(gm, example_inputs, planner, None, mark)
+        if not over:
+            return compiled
+        plan = planner.plans[-1]
+        planner.retract(mark)
+        if planner.lowered_by == _TO_FLOOR:
+            floor_peak = plan.peak_bytes
+            break
+        log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
+                 "again %d bytes lower", over, planner.lowered_by + over)
+        planner.lowered_by = _TO_FLOOR if plan.fingerprint in tried \
+            else planner.lowered_by + over
+        tried.append(plan.fingerprint)
+    return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak)
+
+
+def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak):
+    budget = planner.options.budget.bytes
     planner.without_budget = True
     try:
-        code: dict[str, str] = {}
-        _inductor(gm, example_inputs, planner, uuid, code)
-        _note_compiled_peaks(planner, mark, code)
-        return planner.plans[mark].peak_bytes
+        compiled, _ = _attempt(gm, example_inputs, planner, None, mark)
     finally:
         planner.without_budget = False
-        planner.retract(mark)
+    optimal = planner.plans[mark]
+    if optimal.peak_bytes <= budget:
+        planner.replace_plan(mark, replace(optimal, budget_bytes=budget, notes=optimal.notes + (
+            "the runtime-optimal plan: its compiled code meets the budget, the "
+            "plans made for the budget did not",)))
+        return compiled
+    planner.retract(mark)
+    lowest = min(p for p in (floor_peak, optimal.peak_bytes) if p is not None)
+    raise _still_over(budget, lowest)
+
+
+def _attempt(gm, example_inputs, planner, uuid, mark: int):
+    """(compiled, bytes its plan's compiled code peaks over the budget)."""
+    code: dict[str, str] = {}
+    compiled = _inductor(gm, example_inputs, planner, uuid, code)
+    return compiled, _note_compiled_peaks(planner, mark, code)
 
 
 def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
@@ -203,9 +244,14 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
     patches = {"force_non_lazy_backward_lowering": not _symbolic(example_inputs)}
     if uuid is None:
         patches["enable_autograd_cache"] = False
-    with functorch_config.patch(patches):
+    with functorch_config.patch(patches), recompute_apart():
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
+
+
+def _byte_budget(planner) -> bool:
+    budget = planner.options.budget
+    return budget is not None and budget.bytes is not None
 
 
 def _symbolic(example_inputs) -> bool:
@@ -239,14 +285,14 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
     return max(0, compiled.peak_bytes - budget)
 
 
-def _still_over(plan, over: int, lowest: int) -> BudgetError:
+def _still_over(budget: int, lowest: int) -> BudgetError:
     return BudgetError(
-        f"no plan fits a budget of {plan.budget_bytes} bytes for this graph under "
-        f"Inductor: its compiled code peaks {over} bytes over it after planning lower by "
-        f"what each compiled plan exceeded, down to the memory model's floor. The "
-        f"lowest peak Inductor's code reached, over those plans and the runtime-optimal "
-        f"one, is {lowest} bytes: raise the budget to at least {lowest} bytes, or "
-        "shrink the batch.", floor_bytes=lowest)
+        f"no plan fits a budget of {budget} bytes for this graph under Inductor: "
+        f"the code Inductor generated peaks over it for the plans made for it, down "
+        f"to the memory model's floor, and for the runtime-optimal plan. The lowest "
+        f"compiled peak of the floor's plan and the runtime-optimal one is {lowest} "
+        f"bytes: raise the budget to at least {lowest} bytes, or shrink the batch.",
+        floor_bytes=lowest)
 
 
 class _InductorPartitioner(CustomPartitionerFn):
@@ -268,7 +314,9 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __reduce__(self):
         # Inductor writes its configuration, this object included, into its
         # cache keys: the uuid stands for it, not the Planner's state.
-        return (str, (f"fxckpt partitioner {self._uuid}",))
+        # The fusion rule (fxckpt/fusion.py) is named too: code compiled
+        # without it must not be served for these graphs.
+        return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart",))
 
 
 def capture_once(model, example_inputs, backend: Callable) -> None:

@@ -301,7 +301,8 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
     devices = sorted({profile.nodes[name].device for name, tag in tags.items()
                       if tag.policy in _OFFLOAD_POLICIES})
     bandwidth = offload_bandwidth(devices[0], options.offload_bandwidth) if devices else None
-    return build_problem(profile, tags, bandwidth=bandwidth)
+    return build_problem(profile, tags, bandwidth=bandwidth,
+                         fuses=options.compiler == "inductor")
 
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,

@@ -99,7 +99,8 @@ def sweep_text(sweep) -> str:
     widths = [max(len(c[i]) for c in cells) for i in range(len(_SWEEP_COLUMNS))]
     lines = [f"fxckpt pareto: {len(sweep.frontier)} frontier plans, floor "
              f"{format_bytes(sweep.floor_bytes)}, runtime-optimal peak "
-             f"{format_bytes(sweep.runtime_optimal.peak_bytes)} ({sweep.seconds:.1f} s)"]
+             f"{format_bytes(sweep.runtime_optimal.peak_bytes)} ({sweep.seconds:.1f} s); "
+             f"peaks from the {sweep.peaks_from}"]
     lines += ["  " + "  ".join(c.rjust(w) if i < 5 else c for i, (c, w) in
                                enumerate(zip(row, widths))) for row in cells]
     return "\n".join(lines)
@@ -111,7 +112,8 @@ def sweep_html(sweep) -> str:
                    for row in sweep.rows)
     return (f"<div><b>fxckpt pareto</b>: {len(sweep.frontier)} frontier plans, floor "
             f"{e(format_bytes(sweep.floor_bytes))}, runtime-optimal peak "
-            f"{e(format_bytes(sweep.runtime_optimal.peak_bytes))}<table><thead><tr>"
+            f"{e(format_bytes(sweep.runtime_optimal.peak_bytes))}; peaks from the "
+            f"{e(sweep.peaks_from)}<table><thead><tr>"
             + "".join(f"<th>{c}</th>" for c in _SWEEP_COLUMNS)
             + f"</tr></thead><tbody>{rows}</tbody></table></div>")
 

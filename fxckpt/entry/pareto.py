@@ -45,14 +45,21 @@ class ParetoSweep:
     """Rows of a budget sweep over one graph, and its frontier.
 
     ``frontier`` holds every plan a budget can select, lowest peak first;
-    ``floor_bytes`` is the smallest budget any plan meets (the one
-    ``BudgetError`` names); ``seconds`` is capture and planning, wall time."""
+    ``floor_bytes`` is the smallest budget any plan meets; ``seconds`` is
+    capture and planning, wall time. ``peaks_from`` says where the peaks
+    come from: the memory model's, for every compiler. With
+    compiler="eager" they are what the step allocates and ``floor_bytes``
+    is the floor ``BudgetError`` names; under Inductor the code Inductor
+    generates for a plan can peak higher, a byte budget is checked against
+    that code, and ``BudgetError`` (``fxckpt.explain(..., budget=1)``)
+    names a compiled floor, which may be above ``floor_bytes``."""
 
     rows: tuple[ParetoRow, ...]
     frontier: tuple[Plan, ...] = field(repr=False)
     runtime_optimal: Plan = field(repr=False)
     floor_bytes: int
     seconds: float
+    peaks_from: str = "memory model"
 
     def plot(self, ax=None, *, label: str = "fxckpt frontier"):
         """Predicted peak against recompute cost: the frontier as a step
@@ -99,7 +106,15 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
     rows = tuple(_row(frontier, budget) for budget in resolved)
     return ParetoSweep(rows=rows, frontier=frontier.plans, runtime_optimal=optimal,
                        floor_bytes=frontier.plans[0].peak_bytes,
-                       seconds=time.perf_counter() - start)
+                       seconds=time.perf_counter() - start, peaks_from=_PEAKS_FROM.get(compiler, "memory model"))
+
+
+_PEAKS_FROM = {
+    "eager": "memory model",
+    "inductor": "memory model, not Inductor's compiled code: a budget is checked "
+                "against the compiled code, which can peak higher (fxckpt.explain "
+                "with budget=1 names the compiled floor)",
+}
 
 
 def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto",

@@ -42,6 +42,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
 from fxckpt.solve.common import run_in_forward
+from fxckpt.solve.refill import refilled
 from fxckpt.solve.remat_classes import RematClasses, remat_classes
 
 MAX_STAGES = 64
@@ -81,6 +82,9 @@ class Problem:
     # Pointwise, not random, and read only by pointwise ops (forward and
     # backward): no reader needs it materialised. None: not known (all False).
     unmaterialized: np.ndarray | None = field(default=None, repr=False)
+    # Values made from no other value that a decision never saves (under
+    # Inductor, see constant_fill); None: none.
+    refilled: np.ndarray | None = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
     # How torch's own partitioner sees each value (the per-block reference).
     remat: RematClasses | None = field(default=None, repr=False)
@@ -249,9 +253,11 @@ def _unmaterialized(profile: Profile, forward) -> np.ndarray:
 
 
 def build_problem(profile: Profile, tags: dict[str, Tag], *,
-                  bandwidth: float | None = None) -> Problem:
+                  bandwidth: float | None = None, fuses: bool = False) -> Problem:
     """``bandwidth``: bytes per second one way between device and host,
-    which prices offload; needed only when some value is tagged *_CPU_OFFLOAD."""
+    which prices offload; needed only when some value is tagged *_CPU_OFFLOAD.
+    ``fuses``: the compiler inlines pointwise code (Inductor): then constant
+    fills are never saved (``kept_constant``)."""
     forward = profile.forward_nodes()
     names = tuple(n.name for n in forward)
     index = {name: i for i, name in enumerate(names)}
@@ -303,13 +309,19 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
                    remat=remat_classes(profile, index),
-                   unmaterialized=_unmaterialized(profile, forward), **stages)
+                   unmaterialized=_unmaterialized(profile, forward),
+                   refilled=refilled(profile, tags, forward) if fuses else None, **stages)
+
 
 
 def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
                 offloaded: np.ndarray | None = None, *,
                 solver: str, seconds: float, gap: float | None,
                 budget_bytes: int | None) -> Decision:
+    if problem.refilled is not None and (saved & problem.refilled).any():
+        # Made again in backward rather than kept: it has no inputs to keep.
+        moved = saved & problem.refilled
+        saved, recomputed = saved & ~moved, recomputed | moved
     if offloaded is None:
         offloaded = problem.tagged_offload(saved)
     overrides = tuple(_override(problem, i, recomputed[i])
