@@ -171,7 +171,6 @@ def run_way(name: str, way: Way, config: BenchConfig, budget: int | None):
     if way.family == FXCKPT and (way.budget_of or way.floor) and budget is None:
         row["skipped"] = "no budget: the row it takes its budget from did not run"
         return row, None
-    torch._dynamo.reset()
     model, inputs, loss_fn = make_model(name, size=config.size)
     built = bench_ways.build(way, Step(model, loss_fn), budget_bytes=budget)
     try:
@@ -181,8 +180,6 @@ def run_way(name: str, way: Way, config: BenchConfig, budget: int | None):
         row["skipped"] = (f"BudgetError: fxckpt's floor is {refused.floor_bytes} bytes, "
                           f"above the budget of {budget}")
         return row, None
-    finally:
-        torch._dynamo.reset()
     row.update(measured_peak_bytes=got.peak_bytes, saved_bytes=got.saved_bytes,
                step_seconds=got.step_seconds, step_cpu_seconds=got.step_cpu_seconds,
                first_step_seconds=got.first_step_seconds)
