@@ -209,8 +209,8 @@ def wrap_blocks(model: torch.nn.Module, wrap: Callable) -> None:
 
 def _per_block(forward):
     @functools.wraps(forward)
-    def checkpointed(*args):
-        return checkpoint(forward, *args, use_reentrant=False)
+    def checkpointed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
     return checkpointed
 
 
@@ -218,16 +218,16 @@ def _fxckpt_per_block(forward):
     from fxckpt.eager.checkpoint import checkpoint as fxckpt_checkpoint
 
     @functools.wraps(forward)
-    def checkpointed(*args):
-        return fxckpt_checkpoint(forward, *args)
+    def checkpointed(*args, **kwargs):
+        return fxckpt_checkpoint(forward, *args, **kwargs)
     return checkpointed
 
 
 def _selective(forward):
     @functools.wraps(forward)
-    def checkpointed(*args):
+    def checkpointed(*args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False,
-                          context_fn=torchtitan_contexts)
+                          context_fn=torchtitan_contexts, **kwargs)
     return checkpointed
 
 
