@@ -145,3 +145,35 @@ def test_solver_suite_reports_nodes_times_and_cost_gaps():
         if budget["fast_recompute_cost"] is not None:
             assert budget["fast_over_ilp"] is not None
     assert "fast vs ILP" in bench_solvers.solvers_markdown(result)
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
+def test_bench_and_demo_leave_the_callers_compiled_model_alone():
+    """The bench and the demo compile many steps in the caller's process and
+    never reset Dynamo: a model compiled before them runs after them without
+    compiling again, and each of their steps compiles (no recompile limit
+    reached)."""
+    from fxckpt.cli import demo
+
+    user = torch.compile(torch.nn.Linear(4, 4), backend="aot_eager")
+    x = torch.randn(2, 4)
+    user(x).sum().backward()
+    before = _frames_compiled()
+    rows = bench.measure_rows("mlp", ["compile_checkpoint", "torch_budget_0.5",
+                                      "fxckpt_default", "fxckpt_per_block",
+                                      "fxckpt_at_torch_budget_0.5"], size="tiny", repeat=1)
+    assert all(not row["skipped"] for row in rows)
+    assert all(row["family"] == "fxckpt" or row["recompute_cost"] is not None for row in rows)
+    shown = demo.train_way("(a)", "aot_eager", 2)
+    assert shown.peak_bytes > 0
+    compiled = _frames_compiled()
+    # eager, the save-all reference and the five rows compile one step each
+    # (eager runs uncompiled), the demo one more.
+    assert compiled - before >= 6
+    user(x).sum().backward()
+    assert _frames_compiled() == compiled

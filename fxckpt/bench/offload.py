@@ -72,7 +72,6 @@ def _measure_row(name, policy, *, device, size, repeat, offload_bandwidth):
     run = step
     if policy is not None:
         be = backend(compiler="eager", policy=policy, offload_bandwidth=offload_bandwidth)
-        torch._dynamo.reset()
         run = torch.compile(step, backend=be)
     step.zero_grad(set_to_none=True)
     torch.manual_seed(0)
@@ -100,7 +99,6 @@ def _measure_row(name, policy, *, device, size, repeat, offload_bandwidth):
         "offload_bandwidth": plan.offload_bandwidth if plan else None,
         "step_seconds": statistics.median(times),
     }
-    torch._dynamo.reset()
     return row, result
 
 

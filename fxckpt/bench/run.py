@@ -24,7 +24,7 @@ from fxckpt.bench import work as bench_measure
 from fxckpt.bench import ways as bench_ways
 from fxckpt.bench.ways import EAGER, FXCKPT, TORCH, Step, Way
 from fxckpt.errors import BudgetError
-from fxckpt.models import make_model
+from fxckpt.bench.zoo import make_bench_model
 
 SCHEMA = 1
 # Row fields every row of bench.json carries (None where not applicable).
@@ -96,7 +96,7 @@ def run_model(name: str, config: BenchConfig, progress, *,
     fxckpt's frontier (fxckpt.pareto) for the plot."""
     from fxckpt.entry.pareto import pareto
 
-    model, inputs, loss_fn = make_model(name, size=config.size)
+    model, inputs, loss_fn = make_bench_model(name, size=config.size)
     result = ModelResult(name, describe(name, model, inputs))
     plan_ways = _selected(bench_ways.ways(inductor=config.inductor,
                                           torch_budgets=config.torch_budgets), keys)
@@ -171,8 +171,7 @@ def run_way(name: str, way: Way, config: BenchConfig, budget: int | None):
     if way.family == FXCKPT and (way.budget_of or way.floor) and budget is None:
         row["skipped"] = "no budget: the row it takes its budget from did not run"
         return row, None
-    torch._dynamo.reset()
-    model, inputs, loss_fn = make_model(name, size=config.size)
+    model, inputs, loss_fn = make_bench_model(name, size=config.size)
     built = bench_ways.build(way, Step(model, loss_fn), budget_bytes=budget)
     try:
         got = bench_measure.measure_way(built.run, model, inputs, repeat=config.repeat,
@@ -181,8 +180,6 @@ def run_way(name: str, way: Way, config: BenchConfig, budget: int | None):
         row["skipped"] = (f"BudgetError: fxckpt's floor is {refused.floor_bytes} bytes, "
                           f"above the budget of {budget}")
         return row, None
-    finally:
-        torch._dynamo.reset()
     row.update(measured_peak_bytes=got.peak_bytes, saved_bytes=got.saved_bytes,
                step_seconds=got.step_seconds, step_cpu_seconds=got.step_cpu_seconds,
                first_step_seconds=got.first_step_seconds)
@@ -335,6 +332,8 @@ def describe(name: str, model: torch.nn.Module, inputs) -> str:
         c = model.config
         return (f"GPT, {c.n_layer} layers, n_embd {c.n_embd}, {c.n_head} heads, vocab "
                 f"{c.vocab_size}, dropout {c.dropout:g}; input {shapes}; {params:,} parameters")
+    if hasattr(model, "description"):
+        return f"{model.description}; {params:,} parameters"
     return f"{type(model).__name__}, {len(model.blocks)} blocks; input {shapes}; " \
            f"{params:,} parameters"
 

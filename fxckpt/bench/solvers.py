@@ -14,7 +14,8 @@ import time
 import torch
 
 from fxckpt.bench.ways import Step
-from fxckpt.models import GPT, GPTConfig, gpt_loss, make_model
+from fxckpt.bench.zoo import make_bench_model
+from fxckpt.models import GPT, GPTConfig, gpt_loss
 from fxckpt.options import Options, format_bytes
 from fxckpt.capture import capture_once, compile_planned
 from fxckpt.passes.profile import tangent_dependent
@@ -104,7 +105,7 @@ def zoo_graph(name: str, size: str, progress) -> dict:
     """ILP against fast on a built-in model: frontier time, and at budgets
     from the ILP's floor to the runtime-optimal peak, each solver's chosen
     plan's recompute cost."""
-    model, inputs, loss_fn = make_model(name, size=size)
+    model, inputs, loss_fn = make_bench_model(name, size=size)
     with progress.row(f"capture {name} ({size})"):
         joint_call = capture_joint(Step(model, loss_fn), inputs)
     found = {}

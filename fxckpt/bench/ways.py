@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,14 +32,30 @@ EAGER, TORCH, FXCKPT = "eager", "torch", "fxckpt"
 
 
 class Step(torch.nn.Module):
-    """A model and its loss as one module, so one graph covers the step."""
+    """A model and its loss as one module, so one graph covers the step.
+
+    Each Step's forward has a code object of its own. Dynamo keeps what it
+    compiled per code object, so every Step compiles afresh, counts against
+    no other Step's recompile limit, and leaves what Dynamo compiled before
+    (the caller's models) as it was: no ``torch._dynamo.reset()`` needed."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable) -> None:
         super().__init__()
         self.model, self.loss_fn = model, loss_fn
+        self.forward = types.MethodType(with_own_code(_step_forward), self)
 
-    def forward(self, *inputs):
-        return self.loss_fn(self.model(*inputs))
+
+def _step_forward(self: Step, *inputs):
+    return self.loss_fn(self.model(*inputs))
+
+
+def with_own_code(function: Callable) -> Callable:
+    """A copy of ``function`` with a code object of its own."""
+    code = function.__code__.replace()
+    copy = types.FunctionType(code, function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    copy.__qualname__ = function.__qualname__
+    return copy
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,8 @@ class Way:
                                            # whose measured peak is the budget
     floor: bool = False                    # fxckpt at its floor
     reference: bool = False                # the no-checkpoint compiled step
+    per_block: bool = False                # torch rows: torch.utils.checkpoint per
+                                           # block; fxckpt rows: solver="per_block"
 
 
 def ways(*, inductor: bool, torch_budgets=(0.5, 0.25, 0.0)) -> list[Way]:
@@ -65,18 +84,26 @@ def ways(*, inductor: bool, torch_budgets=(0.5, 0.25, 0.0)) -> list[Way]:
         Way("compile_save_all", "compile, saves all (no checkpointing)", TORCH,
             "aot_eager, default_partition", reference=True),
         Way("compile_default", "compile default", TORCH, "aot_eager"),
+        Way("compile_checkpoint", "compile, checkpoint per block", TORCH, "aot_eager",
+            per_block=True),
     ]
     rows += [Way(torch_key(b), f"compile, budget {b:g}", TORCH, "aot_eager", torch_budget=b)
              for b in torch_budgets]
     if inductor:
-        rows.append(Way("compile_inductor", "compile default", TORCH, "inductor"))
-    rows.append(Way("fxckpt_default", "fxckpt default", FXCKPT, "fxckpt, aot_eager runtime"))
+        rows += [Way("compile_inductor", "compile default", TORCH, "inductor"),
+                 Way("compile_checkpoint_inductor", "compile, checkpoint per block", TORCH,
+                     "inductor", per_block=True)]
+    rows += [Way("fxckpt_default", "fxckpt default", FXCKPT, "fxckpt, aot_eager runtime"),
+             Way("fxckpt_per_block", "fxckpt per_block", FXCKPT, "fxckpt, aot_eager runtime",
+                 per_block=True)]
     rows += [Way(f"fxckpt_at_{torch_key(b)}", f"fxckpt at torch {b:g}'s peak", FXCKPT,
                  "fxckpt, aot_eager runtime", budget_of=torch_key(b)) for b in torch_budgets]
     rows.append(Way("fxckpt_floor", "fxckpt at its floor", FXCKPT,
                     "fxckpt, aot_eager runtime", floor=True))
     if inductor:
-        rows.append(Way("fxckpt_inductor", "fxckpt default", FXCKPT, "fxckpt, inductor"))
+        rows += [Way("fxckpt_inductor", "fxckpt default", FXCKPT, "fxckpt, inductor"),
+                 Way("fxckpt_per_block_inductor", "fxckpt per_block", FXCKPT,
+                     "fxckpt, inductor", per_block=True)]
     return rows
 
 
@@ -101,7 +128,7 @@ class Built:
 
 def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
     """Make ``way``'s step function from a fresh ``step`` (its model is
-    changed in place for the eager checkpointing ways)."""
+    changed in place for the ways that checkpoint per block with torch)."""
     if way.family == EAGER:
         if way.key == "eager_checkpoint":
             wrap_blocks(step.model, _per_block)
@@ -111,6 +138,8 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
             wrap_blocks(step.model, _fxckpt_per_block)
         return Built(step)
     if way.family == TORCH:
+        if way.per_block:
+            wrap_blocks(step.model, _per_block)
         if way.backend == "inductor":
             # Compile caches off, as for fxckpt's Inductor way, so that
             # compile times are of a compile.
@@ -128,12 +157,14 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
     if way.backend == "fxckpt, inductor":
         import fxckpt
 
-        backend = fxckpt.backend(budget=budget_bytes, compiler="inductor")
+        backend = fxckpt.backend(budget=budget_bytes, compiler="inductor",
+                                 solver="per_block" if way.per_block else "auto")
         # Caches off (torch's and with them fxckpt's plan cache): compile
         # times are of a compile, and plans are made, not read back.
         return Built(torch.compile(step, backend=backend), plans=backend.plans,
                      scope=_uncached_inductor)
-    backend = Backend(Options.create(budget=budget_bytes, compiler="eager"))
+    backend = Backend(Options.create(budget=budget_bytes, compiler="eager",
+                                     solver="per_block" if way.per_block else "auto"))
     return Built(torch.compile(step, backend=backend), plans=backend.plans)
 
 
@@ -178,8 +209,8 @@ def wrap_blocks(model: torch.nn.Module, wrap: Callable) -> None:
 
 def _per_block(forward):
     @functools.wraps(forward)
-    def checkpointed(*args):
-        return checkpoint(forward, *args, use_reentrant=False)
+    def checkpointed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
     return checkpointed
 
 
@@ -187,16 +218,16 @@ def _fxckpt_per_block(forward):
     from fxckpt.eager.checkpoint import checkpoint as fxckpt_checkpoint
 
     @functools.wraps(forward)
-    def checkpointed(*args):
-        return fxckpt_checkpoint(forward, *args)
+    def checkpointed(*args, **kwargs):
+        return fxckpt_checkpoint(forward, *args, **kwargs)
     return checkpointed
 
 
 def _selective(forward):
     @functools.wraps(forward)
-    def checkpointed(*args):
+    def checkpointed(*args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False,
-                          context_fn=torchtitan_contexts)
+                          context_fn=torchtitan_contexts, **kwargs)
     return checkpointed
 
 

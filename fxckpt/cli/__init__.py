@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from fxckpt.models import MODEL_NAMES
+from fxckpt.bench.zoo import BENCH_MODEL_NAMES
 
 
 def add_demo(subparsers) -> None:
@@ -57,8 +57,10 @@ def add_bench(subparsers) -> None:
                              "without a budget, in a first and a second process")
     parser.add_argument("--device", default=None,
                         help="--suite offload: the device (default: cuda)")
-    parser.add_argument("--model", action="append", choices=MODEL_NAMES,
-                        help="a built-in model; repeat for several (default: all)")
+    parser.add_argument("--model", action="append", choices=BENCH_MODEL_NAMES,
+                        help="a model; repeat for several (default: the built-in "
+                             "gpt, cnn and mlp; hf_gpt2 and hf_llama, tiny Hugging "
+                             "Face configurations, need transformers)")
     parser.add_argument("--size", choices=("tiny", "small", "medium"), default=None,
                         help="model size (default: small; tiny with --quick)")
     parser.add_argument("--quick", action="store_true",

@@ -12,6 +12,7 @@ import torch
 
 import fxckpt
 from fxckpt.bench import work
+from fxckpt.bench.ways import Step
 from fxckpt.models import GPT, make_model
 
 MiB = 2 ** 20
@@ -82,9 +83,9 @@ def _run(label: str, options: dict | None, steps: int) -> DemoRow:
     through ``fxckpt.backend(compiler="eager", **options)``. A budget
     fxckpt declines gives an n/a row."""
     if options is None:
-        return _train(label, "aot_eager", steps)
+        return train_way(label, "aot_eager", steps)
     try:
-        return _train(label, fxckpt.backend(compiler="eager", **options), steps)
+        return train_way(label, fxckpt.backend(compiler="eager", **options), steps)
     except Exception as error:  # a declined budget is a result, not a crash
         declined = _declined(error)
         if declined is None:
@@ -101,15 +102,14 @@ def _describe(model: GPT, inputs: tuple[torch.Tensor, ...]) -> str:
             f"{config.dropout:g}")
 
 
-def _train(label: str, backend: str | Callable, steps: int) -> DemoRow:
+def train_way(label: str, backend: str | Callable, steps: int) -> DemoRow:
     """Train a fresh copy of the demo GPT through
     ``torch.compile(backend=backend)`` and measure it as ``fxckpt bench``
     measures a way: the first step compiles, then ``steps - 1`` timed steps."""
-    torch._dynamo.reset()
     model, inputs, loss_fn = make_model("gpt", size="small", seed=0)
-    compiled = torch.compile(model, backend=backend)
-    got = work.measure_way(lambda *args: loss_fn(compiled(*args)), model, inputs,
-                              repeat=steps - 1)
+    # A Step compiles afresh, with no Dynamo reset: what the caller compiled stays.
+    compiled = torch.compile(Step(model, loss_fn), backend=backend)
+    got = work.measure_way(compiled, model, inputs, repeat=steps - 1)
     return DemoRow(label, peak_bytes=got.peak_bytes, saved_bytes=got.saved_bytes,
                    step_seconds=got.step_seconds, measured=got,
                    plans=list(getattr(backend, "plans", [])))

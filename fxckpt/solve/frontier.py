@@ -45,6 +45,8 @@ _MAX_TARGETS = 16
 # proportion to the graph: large graphs get fewer targets.
 _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
+# Solves spent inside gaps of the frontier wider than a step of the sweep.
+_GAP_TARGETS = 4
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
 # Recomputing again: how many of the lowest plans it starts from, and the
@@ -140,8 +142,10 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         found.append(solved(np.inf))
         target = max(target, found[-1].peak / _TARGET_RATIO)
     lowest, stalls = min(c.peak for c in found), 0
-    for _ in range(max(4, min(_MAX_TARGETS, _TARGET_WORK // max(problem.n, 1)))):
-        target *= _TARGET_RATIO
+    count = max(4, min(_MAX_TARGETS, _TARGET_WORK // max(problem.n, 1)))
+    ratio = _sweep_ratio(target, lowest, count)
+    for _ in range(count):
+        target *= ratio
         try:
             found.append(solved(target))
         except Infeasible:
@@ -157,8 +161,46 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     found += _below_lowest(solved, min(c.peak for c in found))
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
+    found += _fill_gaps(lambda target: solved(target, base), found, ratio)
     found += _recomputed_again(problem, candidate, found)
     return _non_dominated(found)
+
+
+def _sweep_ratio(top: float, lowest: int, count: int) -> float:
+    """The step between targets: ``_TARGET_RATIO``, or a larger step where
+    that many targets would not reach down from ``top`` to the lowest peak
+    the reference plans reach (when the runtime-optimal plan saves
+    everything, the peaks between run from the step's full activations
+    down to per-block checkpointing's)."""
+    if top <= 0 or lowest <= 0 or lowest >= top:
+        return _TARGET_RATIO
+    return min(_TARGET_RATIO, (lowest / top) ** (1.0 / count))
+
+
+def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
+    """Plans aimed inside the widest gaps of the frontier: where two
+    neighbouring frontier plans lie further apart than a step of the sweep
+    (the strategy's proxy reached past the targets between them), a budget
+    between them would pay the lower plan's recompute. Each solve aims at
+    the gap's geometric middle, up to ``_GAP_TARGETS`` solves."""
+    added: list[Candidate] = []
+    tried: set[int] = set()
+    for _ in range(_GAP_TARGETS):
+        frontier = _non_dominated(found + added)
+        gaps = [(lower.peak / upper.peak, lower.peak, upper.peak)
+                for lower, upper in zip(frontier, frontier[1:])
+                if lower.peak < upper.peak * ratio]
+        gaps = [g for g in gaps if int((g[1] * g[2]) ** 0.5) not in tried]
+        if not gaps:
+            break
+        _, low, high = min(gaps)
+        target = int((low * high) ** 0.5)
+        tried.add(target)
+        try:
+            added.append(solved(float(target)))
+        except Infeasible:
+            continue
+    return added
 
 
 def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
