@@ -30,7 +30,8 @@ import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
-from fxckpt.solve.baselines import lean_blocks, per_block, recompute_all, sqrt_segments
+from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
+                                    sqrt_segments)
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
@@ -116,7 +117,8 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
 
     found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
-                                     lean_blocks(problem), sqrt_segments(problem))]
+                                     lean_blocks(problem), per_part(problem),
+                                     sqrt_segments(problem))]
 
     base = problem
 
