@@ -48,11 +48,13 @@ _TARGET_WORK = 40_000
 _STALLS_BEFORE_STOP = 3
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
-# Recomputing again: how many of the lowest plans it starts from, and the
+# Recomputing again: how many of the lowest plans it starts from (besides the
+# region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
 # recomputed again rather than held.
 _AGAIN_BASES = 2
 _AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
+_REGION_SEEDS = ("per_block", "lean_blocks", "per_part")
 
 
 class Timeline(Protocol):
@@ -164,8 +166,14 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> li
     stretch lengths. Each is checked by the exact memory model; only those
     below the single-recompute floor are kept: they cost more recompute than
     the plans they start from."""
+    if _AGAIN_BASES <= 0:
+        return []
     lowest = min(c.peak for c in found)
     bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
+    # The region seeds too: their recompute chains stay inside a block or
+    # submodule, so copies made again are short-lived, and the lowest plan
+    # after recomputing again need not be among the lowest before.
+    bases += [c for c in found if c.decision.solver in _REGION_SEEDS and c not in bases]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     for base in bases:
