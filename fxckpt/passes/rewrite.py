@@ -49,7 +49,10 @@ class Rewritten:
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
-            num_fwd_outputs: int) -> Rewritten:
+            num_fwd_outputs: int, sink_growing: bool = True) -> Rewritten:
+    """``sink_growing``: backward nodes that grow memory wait for their
+    users (see _schedule_just_in_time); off where a compiler schedules the
+    graph itself (Inductor)."""
     work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
@@ -66,7 +69,8 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
     backward.graph = _schedule_just_in_time(backward.graph,
                                             set(clones.values())
-                                            | {c for made in earlier.values() for c in made})
+                                            | {c for made in earlier.values() for c in made},
+                                            sink_growing=sink_growing)
     backward.recompile()
     return Rewritten(
         forward=forward, backward=backward,
@@ -264,7 +268,8 @@ def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
     output.args = pytree.tree_unflatten(flat, spec)
 
 
-def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
+def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
+                           sink_growing: bool = True) -> fx.Graph:
     """Reorder so each recomputed node runs right before its first user, and
     drop nodes nothing uses (a random op is dropped too: backward must not draw
     numbers nobody reads).
@@ -281,7 +286,7 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
     until then (a recomputed dropout's output, held until the backward op
     that reads its mask)."""
     needed = _live_nodes(graph)
-    grown = _grown(graph, recomputed)
+    grown = _grown(graph, recomputed) if sink_growing else set()
     lazy = set(recomputed) | grown
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}

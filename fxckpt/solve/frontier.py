@@ -108,9 +108,11 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     return decision, chosen.rewritten, chosen.timeline
 
 
-def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal
-                    ) -> list[Candidate]:
-    """Plans on the exact peak / time cost frontier, lowest peak first."""
+def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
+                    *, again_from_seeds: bool = True) -> list[Candidate]:
+    """Plans on the exact peak / time cost frontier, lowest peak first.
+    ``again_from_seeds``: values recomputed again start from the region
+    seeds too (not where a compiler reorders and fuses the copies: Inductor)."""
     strategy = _pick(solver, problem)
 
     def candidate(decision: Decision) -> Candidate:
@@ -156,11 +158,12 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     found += _below_lowest(solved, min(c.peak for c in found))
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
-    found += _recomputed_again(problem, candidate, found)
+    found += _recomputed_again(problem, candidate, found, again_from_seeds)
     return _non_dominated(found)
 
 
-def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
+                      from_seeds: bool = True) -> list[Candidate]:
     """Plans below the lowest peak found, where the lowest plans recompute
     values again after idle stretches (solve/again.py), for a sweep of
     stretch lengths. Each is checked by the exact memory model; only those
@@ -173,7 +176,8 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> li
     # The region seeds too: their recompute chains stay inside a block or
     # submodule, so copies made again are short-lived, and the lowest plan
     # after recomputing again need not be among the lowest before.
-    bases += [c for c in found if c.decision.solver in _REGION_SEEDS and c not in bases]
+    bases += [c for c in found if from_seeds and c.decision.solver in _REGION_SEEDS
+              and c not in bases]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     for base in bases:
