@@ -4,7 +4,9 @@ configurations (no weights) at sequence length 256.
 
     PYTHONPATH=. python examples/floor_vs_per_block.py gpt,hf_gpt2,hf_llama inductor
 
-Prints, per model: the measured peak of torch's per-block checkpoint, of
+Under compiler="eager" torch's reference is torch.compile(backend="aot_eager")
+with per-block checkpoint, and plain eager per-block checkpoint is measured
+too. Prints, per model: the measured peak of torch's per-block checkpoint, of
 fxckpt's per_block plan, of fxckpt at its floor (the budget BudgetError
 names), the predicted floor, and the predicted floor of single
 recomputation (values recomputed at most once).
@@ -70,7 +72,7 @@ def measured(make, backend, *, torch_checkpoint=False) -> int:
         for block in blocks:
             block.forward = functools.partial(
                 lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), block.forward)
-    compiled = torch.compile(model, backend=backend)
+    compiled = model if backend is None else torch.compile(model, backend=backend)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -105,10 +107,15 @@ def main(names: str, compiler: str) -> None:
         torch_per_block = measured(make, torch_backend, torch_checkpoint=True)
         per_block = measured(make, fxckpt.backend(compiler=compiler, solver="per_block"))
         at_floor = measured(make, fxckpt.backend(compiler=compiler, budget=lowest))
+        eager = ""
+        if compiler == "eager":
+            eager_per_block = measured(make, None, torch_checkpoint=True)
+            eager = (f"; eager per-block (no compile) {eager_per_block} B, floor / it "
+                     f"{at_floor / eager_per_block:.3f}")
         print(f"{name} {compiler}: torch per-block {torch_per_block} B, fxckpt per_block "
               f"{per_block} B, fxckpt at its floor {at_floor} B (predicted {lowest} B; "
               f"single recomputation's floor {single} B); floor / torch per-block "
-              f"{at_floor / torch_per_block:.3f}", flush=True)
+              f"{at_floor / torch_per_block:.3f}{eager}", flush=True)
 
 
 if __name__ == "__main__":

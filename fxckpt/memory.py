@@ -246,6 +246,26 @@ _WORKSPACE = {
 }
 
 
+def grows_memory(node: fx.Node) -> bool:
+    """Whether running ``node`` allocates more bytes than all its tensor
+    inputs hold together: new storages (not views of an input) larger than
+    the inputs' storages. Run later, such a node never raises the memory
+    live in between (what it would free is smaller than what it allocates)."""
+    return node.op == "call_function" and allocated_bytes(node) > sum(
+        nbytes for _, nbytes in _input_storages(node).items())
+
+
+def allocated_bytes(node: fx.Node) -> int:
+    """Bytes of the storages ``node`` makes: not those of its inputs (a view
+    makes none)."""
+    inputs = _input_storages(node)
+    return sum(nbytes for ref, nbytes in dict(_storages(node)).items() if ref not in inputs)
+
+
+def _input_storages(node: fx.Node) -> dict:
+    return {ref: nbytes for arg in node.all_input_nodes for ref, nbytes in _storages(arg)}
+
+
 def _nbytes(node) -> int:
     return tensor_bytes(node.meta.get("val")) if isinstance(node, fx.Node) else 0
 

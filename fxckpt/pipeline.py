@@ -210,7 +210,8 @@ class Planner:
         fused = self.options.compiler == "inductor"
 
         def evaluate(decision: Decision):
-            rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs)
+            rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
+                                sink_growing=self.options.compiler == "eager")
             return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
                                        fused=fused)
 
@@ -282,7 +283,8 @@ class FrontierPlanner(Planner):
                                     clock=clock, graph_id=graph_id)
         with clock.phase("solve"):
             candidates = pareto_frontier(problem, evaluate, self.options.solver,
-                                         (optimal, rewritten, timeline))
+                                         (optimal, rewritten, timeline),
+                                         again_from_seeds=self.options.compiler == "eager")
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
                                    clock=clock, graph_id=graph_id) for c in candidates)
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))
@@ -361,7 +363,8 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
     frontier = pareto_frontier(problem, estimate, options.solver,
-                               (optimal, rewritten, timeline))
+                               (optimal, rewritten, timeline),
+                               again_from_seeds=options.compiler == "eager")
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     # Lowered, the budget stops at the floor: the floor's plan is the last
     # one whose compiled code is worth reading.

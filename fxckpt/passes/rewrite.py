@@ -32,6 +32,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
+from fxckpt.memory import allocated_bytes, grows_memory
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
 from fxckpt.passes.graphs import copy_graph_module, fake_mode_of
@@ -49,14 +50,17 @@ class Rewritten:
 
 
 def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
-            num_fwd_outputs: int) -> Rewritten:
+            num_fwd_outputs: int, sink_growing: bool = True) -> Rewritten:
     """The graphs are lazy GraphModules: their Python code is generated when
-    first run, so plans only simulated (the frontier's candidates) skip it."""
+    first run, so plans only simulated (the frontier's candidates) skip it.
+    ``sink_growing``: backward nodes that grow memory wait for their users
+    (see _schedule_just_in_time); off where a compiler schedules the graph
+    itself (Inductor)."""
     with _use_lazy_graph_module(True):
-        return _rewrite(joint, profile, decision, num_fwd_outputs)
+        return _rewrite(joint, profile, decision, num_fwd_outputs, sink_growing)
 
 
-def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
+def _rewrite(joint, profile, decision, num_fwd_outputs, sink_growing) -> Rewritten:
     work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
@@ -73,7 +77,8 @@ def _rewrite(joint, profile, decision, num_fwd_outputs) -> Rewritten:
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
     backward.graph = _schedule_just_in_time(backward.graph,
                                             set(clones.values())
-                                            | {c for made in earlier.values() for c in made})
+                                            | {c for made in earlier.values() for c in made},
+                                            sink_growing=sink_growing)
     backward.recompile()
     return Rewritten(
         forward=forward, backward=backward,
@@ -274,10 +279,17 @@ def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
     output.args = pytree.tree_unflatten(flat, spec)
 
 
-def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
+def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
+                           sink_growing: bool = True) -> fx.Graph:
     """Reorder so each recomputed node runs right before its first user, and
     drop nodes nothing uses (a random op is dropped too: backward must not draw
     numbers nobody reads).
+
+    A backward node that allocates more than its inputs hold together (a
+    matmul whose output is a sequence-by-sequence gradient) runs right
+    before its first user too, after that user's other inputs: moved later,
+    it never raises the memory live in between, and it no longer holds its
+    output while the recomputes before its user run.
 
     The elements of a node that returns several tensors are taken out right
     after it: the tuple holds every element alive until its last element is
@@ -285,13 +297,16 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
     until then (a recomputed dropout's output, held until the backward op
     that reads its mask)."""
     needed = _live_nodes(graph)
+    grown = _grown(graph, recomputed) if sink_growing else set()
+    lazy = set(recomputed) | grown
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
 
     def emit(node: fx.Node) -> None:
         if node in env:
             return
-        for arg in node.all_input_nodes:
+        # A grown input last: it is not held while recomputes run.
+        for arg in sorted(node.all_input_nodes, key=lambda a: a.name in grown):
             emit(arg)
         env[node] = new_graph.node_copy(node, lambda a: env[a])
         for user in node.users:
@@ -299,9 +314,23 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str]) -> fx.Graph:
                 emit(user)
 
     for node in graph.nodes:
-        if node.op == "placeholder" or (node in needed and node.name not in recomputed):
+        if node.op == "placeholder" or (node in needed and node.name not in lazy):
             emit(node)
     return new_graph
+
+
+def _grown(graph: fx.Graph, recomputed: set[str]) -> set[str]:
+    """Names of the backward nodes that grow memory, and of views of them
+    (a view emitted early would hold its base): they wait for a user."""
+    grown: set[str] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or node.name in recomputed \
+                or node.is_impure(impure_random=False):
+            continue
+        if grows_memory(node) or (allocated_bytes(node) == 0 and any(
+                arg.name in grown for arg in node.all_input_nodes)):
+            grown.add(node.name)
+    return grown
 
 
 def _live_nodes(graph: fx.Graph) -> set[fx.Node]:

@@ -83,6 +83,14 @@ def _constant(problem: Problem) -> np.ndarray:
     return constant
 
 
+def per_part(problem: Problem) -> Decision:
+    """A checkpoint around each direct submodule of every block (attention,
+    MLP), a low-peak seed for the frontier: what leaves a submodule is saved,
+    what stays inside is recomputed."""
+    part = problem.part if problem.part is not None else problem.block
+    return _segments(problem, part, "per_part")
+
+
 def sqrt_segments(problem: Problem) -> Decision:
     """Forward order cut into sqrt(n) segments, each checkpointed."""
     length = max(1, int(math.sqrt(problem.n)))

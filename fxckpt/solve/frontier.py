@@ -30,7 +30,8 @@ import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
-from fxckpt.solve.baselines import lean_blocks, per_block, recompute_all, sqrt_segments
+from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
+                                    sqrt_segments)
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
@@ -49,11 +50,13 @@ _STALLS_BEFORE_STOP = 3
 _GAP_TARGETS = 4
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
-# Recomputing again: how many of the lowest plans it starts from, and the
+# Recomputing again: how many of the lowest plans it starts from (besides the
+# region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
 # recomputed again rather than held.
 _AGAIN_BASES = 2
 _AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
+_REGION_SEEDS = ("per_block", "lean_blocks", "per_part")
 
 
 class Timeline(Protocol):
@@ -107,9 +110,11 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     return decision, chosen.rewritten, chosen.timeline
 
 
-def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal
-                    ) -> list[Candidate]:
-    """Plans on the exact peak / time cost frontier, lowest peak first."""
+def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
+                    *, again_from_seeds: bool = True) -> list[Candidate]:
+    """Plans on the exact peak / time cost frontier, lowest peak first.
+    ``again_from_seeds``: values recomputed again start from the region
+    seeds too (not where a compiler reorders and fuses the copies: Inductor)."""
     strategy = _pick(solver, problem)
     # Strategies and targets often land on the same plan: each distinct
     # plan is rewritten and simulated once.
@@ -123,7 +128,8 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
 
     found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
-                                     lean_blocks(problem), sqrt_segments(problem))]
+                                     lean_blocks(problem), per_part(problem),
+                                     sqrt_segments(problem))]
 
     base = problem
 
@@ -162,7 +168,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
-    found += _recomputed_again(problem, candidate, found)
+    found += _recomputed_again(problem, candidate, found, again_from_seeds)
     return _non_dominated(found)
 
 
@@ -203,14 +209,22 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
     return added
 
 
-def _recomputed_again(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
+                      from_seeds: bool = True) -> list[Candidate]:
     """Plans below the lowest peak found, where the lowest plans recompute
     values again after idle stretches (solve/again.py), for a sweep of
     stretch lengths. Each is checked by the exact memory model; only those
     below the single-recompute floor are kept: they cost more recompute than
     the plans they start from."""
+    if _AGAIN_BASES <= 0:
+        return []
     lowest = min(c.peak for c in found)
     bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
+    # The region seeds too: their recompute chains stay inside a block or
+    # submodule, so copies made again are short-lived, and the lowest plan
+    # after recomputing again need not be among the lowest before.
+    bases += [c for c in found if from_seeds and c.decision.solver in _REGION_SEEDS
+              and c not in bases]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     for base in bases:

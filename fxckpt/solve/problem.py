@@ -53,6 +53,8 @@ _OFFLOAD = (_P.MUST_CPU_OFFLOAD, _P.PREFER_CPU_OFFLOAD)
 # The first numbered component of a module path names a repeated block:
 # "blocks.3.attn" -> "blocks.3", "model.layers.0.mlp" -> "model.layers.0".
 _BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
+# A block's direct submodule: "blocks.3.attn.proj" -> "blocks.3.attn".
+_PART = re.compile(r"^(.*?\.\d+\.[^.]+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class Problem:
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
     # How torch's own partitioner sees each value (the per-block reference).
     remat: RematClasses | None = field(default=None, repr=False)
+    # Index of the block's direct submodule (attention, MLP) a value is in;
+    # -1 none. None: not known.
+    part: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -200,8 +205,9 @@ def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     return computed[:n] & ~saved
 
 
-def _blocks(forward, parents) -> np.ndarray:
-    """The repeated block (layer) of every forward value, -1 for none.
+def _blocks(forward, parents, pattern: re.Pattern = _BLOCK) -> np.ndarray:
+    """The repeated block (layer) of every forward value, -1 for none
+    (``pattern``: what of a module path names the block).
 
     A value's block comes from the module that owns its op (for nodes
     AOTAutograd adds without a module stack of their own, the module of the
@@ -214,7 +220,7 @@ def _blocks(forward, parents) -> np.ndarray:
     block = np.full(n, -1)
     unowned = []
     for i, node in enumerate(forward):
-        match = _BLOCK.match(node.owner_module_path)
+        match = pattern.match(node.owner_module_path)
         if match:
             block[i] = blocks.setdefault(match.group(1), len(blocks))
         elif not node.owner_module_path and not node.is_input and not node.at_root:
@@ -309,6 +315,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    can_offload=can_offload, must_offload=must_offload,
                    transfer=transfer, bandwidth=bandwidth if can_offload.any() else None,
                    remat=remat_classes(profile, index),
+                   part=_blocks(forward, parents, _PART),
                    unmaterialized=_unmaterialized(profile, forward),
                    refilled=refilled(profile, tags, forward) if fuses else None, **stages)
 
