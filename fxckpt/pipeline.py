@@ -35,7 +35,8 @@ from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
-from fxckpt.solve.frontier import Evaluate, NoPlanFits, pareto_frontier, solve_budgeted
+from fxckpt.solve.frontier import (Candidate, Evaluate, NoPlanFits, pareto_frontier,
+                                   solve_budgeted)
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -209,11 +210,22 @@ class Planner:
 
         fused = self.options.compiler == "inductor"
 
+        # Under compiler="eager" the backward runs in the order given: a plan
+        # is rewritten with and without memory-growing nodes sunk to their
+        # users (passes/rewrite.py) and the order that peaks lower is kept
+        # (sinking one node can hold its inputs across a higher point).
+        orders = (False, True) if self.options.compiler == "eager" else (False,)
+
         def evaluate(decision: Decision):
-            rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
-                                sink_growing=self.options.compiler == "eager")
-            return rewritten, simulate(rewritten.forward.graph, rewritten.backward.graph,
-                                       fused=fused)
+            best = None
+            for sink in orders:
+                rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
+                                    sink_growing=sink)
+                timeline = simulate(rewritten.forward.graph, rewritten.backward.graph,
+                                    fused=fused)
+                if best is None or timeline.peak_bytes < best[1].peak_bytes:
+                    best = (rewritten, timeline)
+            return best
 
         with clock.phase("profile"):
             model = None if fused or self.options.budget is None or not self.estimates else \
@@ -321,7 +333,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
         try:
             return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate)
         except _EstimateOff as off:
-            log.warning("the schedule model's peak for %s differs from the rewritten "
+            log.info("the schedule model's peak for %s differs from the rewritten "
                         "graph's (%d against %d bytes): planning again with every "
                         "candidate rewritten", off.what, off.estimated, off.real)
     return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate)
@@ -342,6 +354,12 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
     if real_timeline.peak_bytes != timeline.peak_bytes:
         raise _EstimateOff(what, timeline.peak_bytes, real_timeline.peak_bytes)
     return real_rewritten, real_timeline
+
+
+def _real(evaluate: Evaluate, candidate: Candidate) -> Candidate:
+    rewritten, timeline = _checked(evaluate, candidate.decision, candidate.rewritten,
+                                   candidate.timeline, "a frontier plan")
+    return replace(candidate, rewritten=rewritten, timeline=timeline)
 
 
 def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
@@ -365,6 +383,11 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     frontier = pareto_frontier(problem, estimate, options.solver,
                                (optimal, rewritten, timeline),
                                again_from_seeds=options.compiler == "eager")
+    # The frontier's figures are what the ledger and BudgetError name: each
+    # plan on it is rewritten for real (_EstimateOff if the model was off).
+    frontier = [_real(evaluate, c) for c in frontier]
+    rewritten, timeline = _checked(evaluate, optimal, rewritten, timeline,
+                                   "the runtime-optimal plan")
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     # Lowered, the budget stops at the floor: the floor's plan is the last
     # one whose compiled code is worth reading.
