@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from fxckpt import cli
 from fxckpt.bench import compile as bench_compile
@@ -43,6 +44,10 @@ def test_fxckpt_rows_plan_what_the_slow_way_plans(quick):
     makes with every candidate rewritten and simulated."""
     result, _ = quick
     row = result["rows"][0]
+    # The rows ran in fresh processes; here, an earlier test's compile of the
+    # same GPT code at other sizes would make Dynamo capture it with dynamic
+    # sizes (automatic dynamic), a different graph.
+    torch._dynamo.reset()
     joint, joint_inputs, kwargs = capture_joint(*bench_compile.gpt_step(2))
     for way, budget in (("fxckpt_default", None), ("fxckpt_budget", result["budget"])):
         planner = Planner(Options.create(compiler="eager", budget=budget))
