@@ -47,9 +47,11 @@ def gpt_step(n_layer: int):
     return Step(model, lambda logits: gpt_loss(logits, targets)), (idx,)
 
 
-def time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
-    """One way's first step, in this process: seconds, and for fxckpt's
-    ways the plans' fingerprints and planning seconds."""
+def _time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
+    """One way's first step: seconds, and for fxckpt's ways the plans'
+    fingerprints and planning seconds. Runs only in a process of its own
+    (``run_row_processes`` -> ``_main``), which owns Dynamo's state: each
+    way's compile is timed cold, so Dynamo is reset around it."""
     import fxckpt
 
     torch._dynamo.reset()
@@ -77,12 +79,12 @@ def time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
     return row
 
 
-def measure_row(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:
+def _measure_row(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:
     """Every way, side by side in this process."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return {w: time_way(w, n_layer, compiler, budget) for w in WAYS}
+        return {w: _time_way(w, n_layer, compiler, budget) for w in WAYS}
     finally:
         torch.set_num_threads(previous)
 
@@ -147,7 +149,7 @@ def compile_markdown(result: dict) -> str:
 
 def _main(argv: list[str]) -> None:
     n_layer, compiler, budget, threads = int(argv[0]), argv[1], float(argv[2]), int(argv[3])
-    print(json.dumps(measure_row(n_layer, compiler, budget, threads)))
+    print(json.dumps(_measure_row(n_layer, compiler, budget, threads)))
 
 
 if __name__ == "__main__":
