@@ -218,6 +218,9 @@ class Stored:
 
     records: tuple = ()
     why_not: str | None = None
+    # Under a byte budget with Inductor: the bytes the kept compile was
+    # planned below the budget (its uuid says so; fxckpt/capture.py).
+    lowered_by: int = 0
 
 
 class PlanStore:

@@ -44,13 +44,16 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
         key, store = CacheKey(None, stored.why_not), None
     elif stored is not None:
         planner.reusable = list(stored.records)
+        # Under a byte budget, the compile that fitted was cached under its
+        # own attempt's uuid: ask for that one first.
+        planner.lowered_by = getattr(stored, "lowered_by", 0)
     records = getattr(planner, "records", [])
     made_before = len(records)
     compiled = _compile(gm, example_inputs, planner, key.digest)
     made = tuple(records[made_before:])
     if made:
         if store is not None:
-            store.save(key.digest, _to_store(made, planner.options))
+            store.save(key.digest, _to_store(made, planner.options, _kept(planner)))
     elif key.digest is not None and _needs_backward(gm, example_inputs):
         if stored is not None:
             log.info("fxckpt: compiled graphs served from torch's caches, their plans "
@@ -67,7 +70,8 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
             compiled = _compile(gm, example_inputs, planner, None)
             # Stored even when empty (AOTAutograd found nothing to partition):
             # the next process then takes torch's compile as it is.
-            store.save(key.digest, _to_store(tuple(records[made_before:]), planner.options))
+            store.save(key.digest, _to_store(tuple(records[made_before:]), planner.options,
+                                             _kept(planner)))
     return compiled
 
 
@@ -88,7 +92,12 @@ def _cache_for(gm, example_inputs, planner) -> tuple[CacheKey, PlanStore | None]
     return key, PlanStore()
 
 
-def _to_store(made, options) -> Stored:
+def _kept(planner) -> int:
+    """Bytes the compile kept was planned below its byte budget."""
+    return getattr(planner, "kept_lowered_by", 0)
+
+
+def _to_store(made, options, lowered_by: int) -> Stored:
     """What the store keeps of the plans just made: not a plan priced with a
     bandwidth measured in this process, which another process would measure
     again and might plan differently by."""
@@ -97,7 +106,7 @@ def _to_store(made, options) -> Stored:
         log.info("fxckpt: plans priced offload at a bandwidth measured here; not cached")
         return Stored(why_not="offload priced at a bandwidth measured in the process; "
                               "give offload_bandwidth= to cache it")
-    return Stored(records=made)
+    return Stored(records=made, lowered_by=lowered_by)
 
 
 def _needs_backward(gm: fx.GraphModule, example_inputs) -> bool:
@@ -143,14 +152,14 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     the caller only then."""
     on_plan, planner.on_plan = planner.on_plan, None
     mark = len(planner.plans)
+    planner.kept_lowered_by = 0
     try:
         if _byte_budget(planner):
-            # A compile whose plan is over the budget is thrown away, but
-            # AOTAutograd would have cached it under the uuid, and served it
-            # to the next compile planned lower: its cache stays off (the
-            # plan cache still keeps the decision that fitted).
-            planner.lowered_by = 0
-            compiled = _fitted(gm, example_inputs, planner, mark)
+            # Each attempt has a uuid of its own (_attempt_uuid). A process
+            # whose plan cache says which attempt fitted starts there
+            # (compile_planned sets lowered_by), and torch serves it.
+            compiled = _fitted(gm, example_inputs, planner, mark, uuid)
+            planner.kept_lowered_by = planner.lowered_by
         else:
             compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark)
     finally:
@@ -161,7 +170,16 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     return compiled
 
 
-def _fitted(gm, example_inputs, planner, mark: int):
+def _attempt_uuid(planner, uuid: str | None) -> str | None:
+    """The uuid of one compile of a graph: under a byte budget each attempt
+    (planned lower by so many bytes) is cached apart, so that a compile
+    thrown away for peaking over the budget is never served for another."""
+    if uuid is None or planner.without_budget:
+        return None
+    return f"{uuid}/lowered by {planner.lowered_by}" if _byte_budget(planner) else uuid
+
+
+def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
     """The compile of a plan whose compiled code meets the byte budget:
     planned at the budget, then lower by what each compiled plan exceeded,
     the last try the memory model's floor plan; failing those, the
@@ -174,14 +192,14 @@ def _fitted(gm, example_inputs, planner, mark: int):
         if attempt == _ATTEMPTS - 1:
             planner.lowered_by = _TO_FLOOR
         try:
-            compiled, over = _attempt(gm, example_inputs, planner, None, mark)
+            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
         except BudgetError as below_floor:
             if below_floor.floor_bytes is None or planner.lowered_by == _TO_FLOOR:
                 raise
             # Below the memory model's floor: its plan's compiled peak is
             # the floor to name.
             planner.lowered_by = _TO_FLOOR
-            compiled, over = _attempt(gm, example_inputs, planner, None, mark)
+            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
         if not over:
             return compiled
         plan = planner.plans[-1]
@@ -218,7 +236,7 @@ def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_pea
 def _attempt(gm, example_inputs, planner, uuid, mark: int):
     """(compiled, bytes its plan's compiled code peaks over the budget)."""
     code: dict[str, str] = {}
-    compiled = _inductor(gm, example_inputs, planner, uuid, code)
+    compiled = _inductor(gm, example_inputs, planner, _attempt_uuid(planner, uuid), code)
     return compiled, _note_compiled_peaks(planner, mark, code)
 
 

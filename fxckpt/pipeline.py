@@ -30,13 +30,13 @@ from fxckpt.options import Options, format_bytes
 from fxckpt.phases import PhaseClock, Progress
 from fxckpt.passes import schedule
 from fxckpt.passes.profile import profile_joint_graph
-from fxckpt.passes.rewrite import rewrite
+from fxckpt.passes.rewrite import rewrite_orders
 from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
-from fxckpt.solve.frontier import (Candidate, Evaluate, NoPlanFits, pareto_frontier,
-                                   solve_budgeted)
+from fxckpt.solve.frontier import (Candidate, Evaluate, NoPlanFits, non_dominated,
+                                   pareto_frontier, solve_budgeted)
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -223,9 +223,8 @@ class Planner:
 
         def evaluate(decision: Decision):
             best = None
-            for sink in orders:
-                rewritten = rewrite(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
-                                    sink_growing=sink)
+            for rewritten in rewrite_orders(joint, profile, decision,
+                                            num_fwd_outputs=num_fwd_outputs, orders=orders):
                 timeline = simulate(rewritten.forward.graph, rewritten.backward.graph,
                                     fused=fused)
                 if best is None or timeline.peak_bytes < best[1].peak_bytes:
@@ -352,11 +351,14 @@ class _EstimateOff(Exception):
 
 def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: str):
     """(rewritten, timeline) of ``decision`` from the real rewrite, where the
-    candidate was only simulated; _EstimateOff if the peaks differ."""
+    candidate was only simulated; _EstimateOff if the real peak is higher.
+    A lower one is taken: under compiler='eager' the model follows the
+    backward order without growing nodes sunk, and the rewrite keeps the
+    lower of that order and the sunk one."""
     if not isinstance(rewritten, schedule.Simulated):
         return rewritten, timeline
     real_rewritten, real_timeline = evaluate(decision)
-    if real_timeline.peak_bytes != timeline.peak_bytes:
+    if real_timeline.peak_bytes > timeline.peak_bytes:
         raise _EstimateOff(what, timeline.peak_bytes, real_timeline.peak_bytes)
     return real_rewritten, real_timeline
 
@@ -390,7 +392,7 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
                                again_from_seeds=options.compiler == "eager")
     # The frontier's figures are what the ledger and BudgetError name: each
     # plan on it is rewritten for real (_EstimateOff if the model was off).
-    frontier = [_real(evaluate, c) for c in frontier]
+    frontier = non_dominated([_real(evaluate, c) for c in frontier])
     rewritten, timeline = _checked(evaluate, optimal, rewritten, timeline,
                                    "the runtime-optimal plan")
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)

@@ -214,8 +214,9 @@ def references(make, wrap, batch_of, loss_of, backends=(None, "aot_eager")) -> d
 
 
 def floor_bytes(run) -> int:
-    """The smallest budget ``run(budget)`` can be given: the floor a BudgetError
-    reports for a budget of one byte, raised while the first graph compiles."""
+    """The smallest budget ``run(budget)`` can be given: the step's floor a
+    BudgetError reports for a budget of one byte, raised once the first
+    step's backward has run at every graph's floor."""
     try:
         run(1)
     except fxckpt.BudgetError as error:
@@ -231,11 +232,10 @@ def case_fsdp2_gpt() -> dict:
 
     refs = references(lambda: shard_gpt(make_gpt()), lambda m: m, gpt_batch, gpt_loss)
     # Dynamo compiles one graph for the block and runs it once per block. The
-    # backend is given a step budget: n_layer times the smallest budget one
-    # run can be planned for, which the block graph meets only by recomputing
-    # once the backend has seen (after the first step) that it runs n_layer times.
-    per_run = floor_bytes(lambda budget: run(budget, steps=1))
-    step_budget = per_run * GPT_CONFIG.n_layer
+    # backend is given the step floor it named for a one-byte budget, which
+    # the block graph meets only by recomputing once the backend has seen
+    # (after the first step) that it runs n_layer times.
+    step_budget = floor_bytes(lambda budget: run(budget, steps=1))
     got = run(step_budget)
     return result(step_budget, refs, got, n_layer=GPT_CONFIG.n_layer,
                   checked_step_peak=got["runs_record"].check_budget(step_budget))
@@ -289,10 +289,10 @@ def case_fsdp2_llama() -> dict:
                             blocks=model.model.model.layers)
 
     refs = references(make, lambda m: m, batch, _hf_loss, backends=(None,))
-    per_run = floor_bytes(lambda budget: run(budget, steps=1))
+    step_budget = floor_bytes(lambda budget: run(budget, steps=1))
     with torch.random.fork_rng(devices=[]):
         n_layer = len(make_hf_llama()[0].model.model.layers)
-    return result(per_run * n_layer, refs, run(per_run * n_layer), n_layer=n_layer)
+    return result(step_budget, refs, run(step_budget), n_layer=n_layer)
 
 
 def _hf_loss(out, _targets):

@@ -103,7 +103,10 @@ def assert_within_budget(result: dict) -> None:
         # once, parameters left out; planned: each run's plan.saved_bytes.
         assert measured <= budget, f"step {step}: saved {measured} B > budget {budget} B"
         assert peak <= budget, f"step {step}: the plans peak at {peak} B > budget {budget} B"
-        assert measured == pytest.approx(planned, rel=0.01)
+        # The plans never count less than is held; they may count more where
+        # consecutive graphs save the same tensor (one block's output is the
+        # next block's input): each plan counts it, the measurement once.
+        assert planned * 0.95 <= measured <= planned * 1.01, (step, measured, planned)
 
 
 # --- FSDP2, the built-in GPT ---------------------------------------------------

@@ -242,7 +242,7 @@ def test_the_step_floor_is_named_and_met_when_asked_for():
                             inputs, loss_fn)
     torch._dynamo.reset()
     compiled = torch.compile(SplitInTwo(), backend=fxckpt.backend(
-        compiler="eager", budget=int(0.5 * optimal)))
+        compiler="eager", budget=int(0.1 * optimal)))
 
     def two_steps():
         with warnings.catch_warnings():

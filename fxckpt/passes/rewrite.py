@@ -56,11 +56,21 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     ``sink_growing``: backward nodes that grow memory wait for their users
     (see _schedule_just_in_time); off where a compiler schedules the graph
     itself (Inductor)."""
+    return rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
+                          orders=(sink_growing,))[0]
+
+
+def rewrite_orders(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
+                   num_fwd_outputs: int, orders=(False, True)) -> list[Rewritten]:
+    """``decision`` rewritten once, its backward scheduled with each of
+    ``orders`` (``sink_growing`` values): one Rewritten per distinct
+    backward order, in the order asked (an order the one before it already
+    gives is left out). The forward graph is shared."""
     with _use_lazy_graph_module(True):
-        return _rewrite(joint, profile, decision, num_fwd_outputs, sink_growing)
+        return _rewrite(joint, profile, decision, num_fwd_outputs, orders)
 
 
-def _rewrite(joint, profile, decision, num_fwd_outputs, sink_growing) -> Rewritten:
+def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritten]:
     work = copy_graph_module(joint)
     graph = work.graph
     by_name = {n.name: n for n in graph.nodes}
@@ -73,19 +83,25 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, sink_growing) -> Rewritt
     saved_values = [n for n in saved_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     saved_values += states
     saved_sym = [n for n in saved_nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
-    forward, backward = _extract_fwd_bwd_modules(
+    forward, extracted = _extract_fwd_bwd_modules(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
-    backward.graph = _schedule_just_in_time(backward.graph,
-                                            set(clones.values())
-                                            | {c for made in earlier.values() for c in made},
-                                            sink_growing=sink_growing)
-    backward.recompile()
-    return Rewritten(
-        forward=forward, backward=backward,
-        saved=tuple(n.name for n in saved_sym + saved_values),
-        rng_states=tuple(n.name for n in states),
-        rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
-        clones=clones, earlier=earlier)
+    recomputed = set(clones.values()) | {c for made in earlier.values() for c in made}
+    made, seen = [], []
+    for sink in orders:
+        scheduled = _schedule_just_in_time(extracted.graph, recomputed, sink_growing=sink)
+        order = [node.name for node in scheduled.nodes]
+        if order in seen:
+            continue
+        seen.append(order)
+        backward = fx.GraphModule(extracted, scheduled)
+        backward.recompile()
+        made.append(Rewritten(
+            forward=forward, backward=backward,
+            saved=tuple(n.name for n in saved_sym + saved_values),
+            rng_states=tuple(n.name for n in states),
+            rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
+            clones=clones, earlier=earlier))
+    return made
 
 
 def _storage_nbytes(val) -> int:
