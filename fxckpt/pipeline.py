@@ -45,7 +45,7 @@ _graph_ids = itertools.count()
 log = logging.getLogger("fxckpt.planner")
 
 
-def estimator(model, evaluate: Evaluate, *, sinks: bool = False) -> Evaluate:
+def estimator(model, evaluate: Evaluate) -> Evaluate:
     """evaluate(decision) by the schedule model (passes/schedule.py), for the
     plans it covers: (Simulated, its timeline), no graphs built; the rest
     are rewritten and simulated."""
@@ -53,11 +53,6 @@ def estimator(model, evaluate: Evaluate, *, sinks: bool = False) -> Evaluate:
         return evaluate
 
     def estimate(decision: Decision):
-        if decision.again and sinks:
-            # Where growing backward nodes may be sunk (compiler="eager"),
-            # the copies of values recomputed again are placed by that
-            # order, which the model does not follow: rewritten for real.
-            return evaluate(decision)
         timeline = model.peak(decision)
         if timeline is None:
             return evaluate(decision)
@@ -233,8 +228,9 @@ class Planner:
 
         with clock.phase("profile"):
             model = None if fused or self.options.budget is None or not self.estimates else \
-                schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs)
-        evaluate.estimate = estimator(model, evaluate, sinks=len(orders) > 1)
+                schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs,
+                               sinks=len(orders) > 1)
+        evaluate.estimate = estimator(model, evaluate)
         return profile, tags, evaluate
 
     def _finish(self, profile, tags, decision, rewritten, timeline, *, clock: PhaseClock,

@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.memory import StorageMemo, workspace_bytes
+from fxckpt.memory import StorageMemo, allocated_bytes, grows_memory, workspace_bytes
 from fxckpt.ops import random_op_device
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.types import BACKWARD, Decision, Profile, copy_recomputed_name, recomputed_name
@@ -72,6 +72,8 @@ class _Node:
     # a view of that input's storage, else None (a storage of its own).
     aliases: tuple = ()
     state_bytes: int = 0            # generator state, if it is random
+    grows: bool = False             # allocates more than its inputs hold (memory.grows_memory)
+    allocates: bool = True          # makes a storage of its own (not only views)
 
 
 @dataclass
@@ -87,8 +89,11 @@ class ScheduleModel:
     """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
 
     def __init__(self, nodes: list[_Node], fwd_outputs: list[int], bwd_outputs: list[int],
-                 first_backward: int) -> None:
+                 first_backward: int, *, sinks: bool = False) -> None:
         self.nodes = nodes
+        # The rewrite's backward orders (rewrite.rewrite_orders): without and,
+        # where ``sinks``, with growing nodes sunk; a plan peaks at the lower.
+        self.orders = (False, True) if sinks else (False,)
         self.index = {n.name: i for i, n in enumerate(nodes)}
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
@@ -123,8 +128,11 @@ class ScheduleModel:
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
-        bwd, used, after = self._backward(order, inputs, placeholders, outputs, pairs)
-        # Saved values backward does not read are dropped from both graphs.
+        orders = [self._backward(order, inputs, placeholders, outputs, pairs, sink)
+                  for sink in self.orders]
+        # Saved values backward does not read are dropped from both graphs
+        # (the same whichever the order).
+        used = orders[0][1]
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
         fwd, kept = self._forward(saved_used, pairs)
@@ -135,10 +143,16 @@ class ScheduleModel:
                   walk, "forward", set(primals), pairs)
         for p in placeholders:
             self._allocate(p, walk)
-        sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
-        self._run(sequence, inputs, self._refs(outputs), walk, "backward",
-                  set(placeholders), set())
-        return ModelTimeline(walk.peak, walk.peak_at)
+        best = None
+        for bwd, _, after in orders:
+            walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
+                           walk.total)
+            sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
+            self._run(sequence, inputs, self._refs(outputs), walked, "backward",
+                      set(placeholders), set())
+            if best is None or walked.peak < best.peak:
+                best = walked
+        return ModelTimeline(best.peak, best.peak_at)
 
     # --- the rewrite, replayed ---------------------------------------------
 
@@ -198,9 +212,12 @@ class ScheduleModel:
                 found.append((self._storages(mapped[alias[0]])[alias[1]][0], nbytes))
         return tuple(found)
 
-    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set):
+    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set,
+                  sink: bool = False):
         """Backward's nodes in the order the just-in-time schedule runs
-        them, and the placeholders its extraction found read."""
+        them (``sink``: growing nodes and their views wait for a user), the
+        placeholders its extraction found read, and each placeholder's
+        elements taken out right after it."""
         valid, kept = set(placeholders), []
         for key in order:
             if key in valid or self._kind(key) != "op":
@@ -222,10 +239,13 @@ class ScheduleModel:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
+        grown = self._grown(kept, needed, pairs) if sink else set()
+
         def emit(key) -> None:
             if key in emitted:
                 return
-            for a in inputs[key]:
+            # A grown input last: it is not held while recomputes run.
+            for a in sorted(inputs[key], key=lambda a: a in grown):
                 emit(a)
             emitted.add(key)
             sequence.append(key)
@@ -241,9 +261,22 @@ class ScheduleModel:
                 after[p] = sequence
         sequence = []
         for key in kept:
-            if key in needed and not (isinstance(key, tuple) and key[0] != "state"):
+            if key in needed and key not in grown \
+                    and not (isinstance(key, tuple) and key[0] != "state"):
                 emit(key)
         return sequence, used, after
+
+    def _grown(self, kept: list, needed: set, pairs: set) -> set:
+        """rewrite._grown: backward's own nodes that grow memory, and views
+        of them."""
+        grown: set = set()
+        for key in kept:
+            if isinstance(key, tuple) or key not in needed or self._impure(key, False, pairs):
+                continue
+            node = self.nodes[key]
+            if node.grows or (not node.allocates and any(a in grown for a in node.inputs)):
+                grown.add(key)
+        return grown
 
     def _forward(self, saved_used: list, pairs: set):
         """Forward's nodes in order, and its outputs (kept to the end)."""
@@ -370,10 +403,11 @@ def _ancestors(roots, inputs) -> set:
     return seen
 
 
-def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
-          ) -> ScheduleModel | None:
+def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int,
+          sinks: bool = False) -> ScheduleModel | None:
     """The model of ``joint`` (the graph ``rewrite`` is given), or None for
-    a graph it does not cover."""
+    a graph it does not cover. ``sinks``: plans are rewritten in both
+    backward orders (rewrite.rewrite_orders) and peak at the lower."""
     graph = joint.graph
     nodes = [n for n in graph.nodes if n.op != "output"]
     index = {n: i for i, n in enumerate(nodes)}
@@ -398,7 +432,7 @@ def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     bwd = [index[x] for x in flat[num_fwd_outputs:] if isinstance(x, fx.Node)]
     first_backward = next((i for i, m in enumerate(model_nodes)
                            if m.kind == "op" and m.backward), len(model_nodes))
-    return ScheduleModel(model_nodes, fwd, bwd, first_backward)
+    return ScheduleModel(model_nodes, fwd, bwd, first_backward, sinks=sinks)
 
 
 def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
@@ -428,7 +462,9 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         side_effect=kind == "op" and node.is_impure(impure_random=False),
         backward=info is not None and info.phase == BACKWARD,
         getitem=node.target is operator.getitem,
-        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0)
+        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
+        grows=kind == "op" and grows_memory(node),
+        allocates=kind == "op" and allocated_bytes(node) > 0)
 
 
 def _aliases(own: tuple, inputs: list) -> tuple:
