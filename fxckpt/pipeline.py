@@ -35,8 +35,8 @@ from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
-from fxckpt.solve.frontier import (Candidate, Evaluate, NoPlanFits, non_dominated,
-                                   pareto_frontier, solve_budgeted)
+from fxckpt.solve.frontier import (Evaluate, NoPlanFits, pareto_frontier,
+                                   solve_budgeted)
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -359,12 +359,6 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
     return real_rewritten, real_timeline
 
 
-def _real(evaluate: Evaluate, candidate: Candidate) -> Candidate:
-    rewritten, timeline = _checked(evaluate, candidate.decision, candidate.rewritten,
-                                   candidate.timeline, "a frontier plan")
-    return replace(candidate, rewritten=rewritten, timeline=timeline)
-
-
 def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
            estimate):
     problem = problem_for(profile, tags, options)
@@ -386,9 +380,9 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     frontier = pareto_frontier(problem, estimate, options.solver,
                                (optimal, rewritten, timeline),
                                again_from_seeds=options.compiler == "eager")
-    # The frontier's figures are what the ledger and BudgetError name: each
-    # plan on it is rewritten for real (_EstimateOff if the model was off).
-    frontier = non_dominated([_real(evaluate, c) for c in frontier])
+    # The frontier's figures are the schedule model's (exact where it covers
+    # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
+    # plan a BudgetError names, are rewritten for real and checked below.
     rewritten, timeline = _checked(evaluate, optimal, rewritten, timeline,
                                    "the runtime-optimal plan")
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
