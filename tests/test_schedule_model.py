@@ -24,7 +24,8 @@ from fxckpt.passes import schedule
 from fxckpt.passes.rewrite import rewrite, rewrite_orders
 from fxckpt.passes.verify import verify_decision
 from fxckpt.phases import PhaseClock
-from fxckpt.pipeline import Planner, deduplicated
+from fxckpt.pipeline import Planner, deduplicated, problem_for
+from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, Decision
 
 
@@ -188,3 +189,27 @@ def test_planning_with_the_model_chooses_the_plan_planning_without_it_does(budge
     assert plans[0].fingerprint == plans[2].fingerprint
     assert plans[0].peak_bytes == plans[2].peak_bytes
     assert plans[1] == plans[3]  # the same frontier, point for point
+
+
+def test_sunk_gradient_that_only_the_output_reads_is_counted():
+    """A grown backward node nothing but the output reads (the position
+    embedding's gradient, larger than the positions used) waits for the
+    output node, which runs last: the model emits it there too."""
+    from fxckpt.bench.ways import Step
+    from fxckpt.models import GPT, GPTConfig, gpt_loss
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=32)
+    idx, targets = torch.randint(64, (4, 48)), torch.randint(64, (4, 48))
+    joint, _, kwargs = capture_joint(Step(GPT(config), lambda y: gpt_loss(y, targets)), (idx,))
+    planner = Planner(Options.create(compiler="eager"))
+    profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
+                                        kwargs.get("static_lifetime_input_indices"),
+                                        PhaseClock())
+    joint = deduplicated(joint)
+    model = schedule.build(joint, profile, num_fwd_outputs=kwargs["num_fwd_outputs"],
+                           sinks=True)
+    decision = runtime_optimal(problem_for(profile, tags, planner.options), fuses=False)
+    real = min(simulate(r.forward.graph, r.backward.graph).peak_bytes for r in rewrite_orders(
+        joint, profile, decision, num_fwd_outputs=kwargs["num_fwd_outputs"]))
+    assert model.peak(decision).peak_bytes == real

@@ -264,6 +264,10 @@ class ScheduleModel:
             if key in needed and key not in grown \
                     and not (isinstance(key, tuple) and key[0] != "state"):
                 emit(key)
+        # The output node runs last and emits what is still waiting (a grown
+        # gradient nothing else reads), grown inputs last.
+        for key in sorted(dict.fromkeys(outputs), key=lambda a: a in grown):
+            emit(key)
         return sequence, used, after
 
     def _grown(self, kept: list, needed: set, pairs: set) -> set:
