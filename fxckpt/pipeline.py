@@ -383,8 +383,6 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     # The frontier's figures are the schedule model's (exact where it covers
     # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
     # plan a BudgetError names, are rewritten for real and checked below.
-    rewritten, timeline = _checked(evaluate, optimal, rewritten, timeline,
-                                   "the runtime-optimal plan")
     asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
     # Lowered, the budget stops at the floor: the floor's plan is the last
     # one whose compiled code is worth reading.
