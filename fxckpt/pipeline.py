@@ -7,11 +7,12 @@ Rewriting each into FX graphs and simulating those cost most of the planning
 time, so candidates are simulated by the schedule model instead
 (passes/schedule.py: the joint graph read once into lists, each plan's
 rewritten graphs replayed as node sequences and walked with memory.py's
-rules), each distinct plan once. Only the plan that runs is rewritten, and
-its real simulation must give the peak the model gave, or the frontier is
-built again with every candidate rewritten; a BudgetError's floor plan is
-checked the same way. Plans the model does not cover (offload, Inductor's
-fused model) are always rewritten."""
+rules, in both backward orders under compiler="eager"), each distinct plan
+once. Only the plan that runs is rewritten, and its real simulation must
+not peak above the model's, or the frontier is built again with every
+candidate rewritten; a BudgetError's floor plan is checked the same way.
+Plans the model does not cover (offload, Inductor's fused model) are always
+rewritten."""
 
 from __future__ import annotations
 
