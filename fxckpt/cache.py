@@ -49,7 +49,7 @@ from fxckpt.policies.digest import Unkeyable, encode
 log = logging.getLogger("fxckpt.cache")
 
 # Written into every key: bump when what the store keeps changes shape.
-_FORMAT = "fxckpt plan cache 1"
+_FORMAT = "fxckpt plan cache 2"
 # Node metadata the tag and profile stages read (see fxckpt/passes/tag.py).
 _META = ("nn_module_stack", "stack_trace", "fxckpt_names", "recompute", "ac_graph_id",
          "custom")

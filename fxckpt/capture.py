@@ -46,14 +46,14 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
         planner.reusable = list(stored.records)
         # Under a byte budget, the compile that fitted was cached under its
         # own attempt's uuid: ask for that one first.
-        planner.lowered_by = getattr(stored, "lowered_by", 0)
+        planner.lowered_by = stored.lowered_by
     records = getattr(planner, "records", [])
     made_before = len(records)
     compiled = _compile(gm, example_inputs, planner, key.digest)
     made = tuple(records[made_before:])
     if made:
         if store is not None:
-            store.save(key.digest, _to_store(made, planner.options, _kept(planner)))
+            store.save(key.digest, _to_store(made, planner.options, planner.kept_lowered_by))
     elif key.digest is not None and _needs_backward(gm, example_inputs):
         if stored is not None:
             log.info("fxckpt: compiled graphs served from torch's caches, their plans "
@@ -71,7 +71,7 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
             # Stored even when empty (AOTAutograd found nothing to partition):
             # the next process then takes torch's compile as it is.
             store.save(key.digest, _to_store(tuple(records[made_before:]), planner.options,
-                                             _kept(planner)))
+                                             planner.kept_lowered_by))
     return compiled
 
 
@@ -90,11 +90,6 @@ def _cache_for(gm, example_inputs, planner) -> tuple[CacheKey, PlanStore | None]
         planner.cache_note = f"not cached: {key.why_not}"
         return key, None
     return key, PlanStore()
-
-
-def _kept(planner) -> int:
-    """Bytes the compile kept was planned below its byte budget."""
-    return getattr(planner, "kept_lowered_by", 0)
 
 
 def _to_store(made, options, lowered_by: int) -> Stored:

@@ -115,6 +115,9 @@ class Planner:
         # Bytes a byte budget is planned below, where the compiled code of a
         # plan made for it peaked that much over it (capture.py).
         self.lowered_by = 0
+        # The lowered_by of the compile kept (capture.py), which the plan
+        # cache records so that another process asks for that compile first.
+        self.kept_lowered_by = 0
         # Plan as if no budget were given (capture.py: to learn the compiled
         # peak of the runtime-optimal plan before refusing a budget).
         self.without_budget = False
@@ -348,10 +351,9 @@ class _EstimateOff(Exception):
 
 def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: str):
     """(rewritten, timeline) of ``decision`` from the real rewrite, where the
-    candidate was only simulated; _EstimateOff if the real peak is higher.
-    A lower one is taken: under compiler='eager' the model follows the
-    backward order without growing nodes sunk, and the rewrite keeps the
-    lower of that order and the sunk one."""
+    candidate was only simulated; _EstimateOff if the real peak is higher
+    (a lower one only leaves the plan further within what it was chosen
+    for, and is taken)."""
     if not isinstance(rewritten, schedule.Simulated):
         return rewritten, timeline
     real_rewritten, real_timeline = evaluate(decision)

@@ -86,6 +86,11 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
     forward, extracted = _extract_fwd_bwd_modules(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
     recomputed = set(clones.values()) | {c for made in earlier.values() for c in made}
+    shared = dict(
+        forward=forward, saved=tuple(n.name for n in saved_sym + saved_values),
+        rng_states=tuple(n.name for n in states),
+        rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
+        clones=clones, earlier=earlier)
     made, seen = [], []
     for sink in orders:
         scheduled = _schedule_just_in_time(extracted.graph, recomputed, sink_growing=sink)
@@ -95,12 +100,7 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
         seen.append(order)
         backward = fx.GraphModule(extracted, scheduled)
         backward.recompile()
-        made.append(Rewritten(
-            forward=forward, backward=backward,
-            saved=tuple(n.name for n in saved_sym + saved_values),
-            rng_states=tuple(n.name for n in states),
-            rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
-            clones=clones, earlier=earlier))
+        made.append(Rewritten(backward=backward, **shared))
     return made
 
 

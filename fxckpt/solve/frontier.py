@@ -169,7 +169,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
-    return non_dominated(found)
+    return _non_dominated(found)
 
 
 def _sweep_ratio(top: float, lowest: int, count: int) -> float:
@@ -192,7 +192,7 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
     added: list[Candidate] = []
     tried: set[int] = set()
     for _ in range(_GAP_TARGETS):
-        frontier = non_dominated(found + added)
+        frontier = _non_dominated(found + added)
         gaps = [(lower.peak / upper.peak, lower.peak, upper.peak)
                 for lower, upper in zip(frontier, frontier[1:])
                 if lower.peak < upper.peak * ratio]
@@ -268,7 +268,7 @@ def _plan_key(decision: Decision) -> tuple:
     return decision.saved, decision.recomputed, decision.offloaded, decision.again
 
 
-def non_dominated(found: list[Candidate]) -> list[Candidate]:
+def _non_dominated(found: list[Candidate]) -> list[Candidate]:
     frontier: list[Candidate] = []
     for c in sorted(found, key=lambda c: (c.peak, c.cost)):
         if not frontier or c.cost < frontier[-1].cost:
