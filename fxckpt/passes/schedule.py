@@ -98,6 +98,15 @@ class ScheduleModel:
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
         self.inputs = {i: node.inputs for i, node in enumerate(nodes)}
+        self.primals = [i for i, n in enumerate(nodes) if n.kind == "primal"]
+        self.tangents = [i for i, n in enumerate(nodes) if n.kind == "tangent"]
+        self.kinds = [n.kind for n in nodes]
+        self.storages = [n.storages for n in nodes]
+        # Kept by dead-code elimination (random ops too), by the backward
+        # schedule (random ops not): see _impure.
+        self.impure = {i for i, n in enumerate(nodes) if n.impure}
+        self.side_effect = {i for i, n in enumerate(nodes) if n.side_effect}
+        self.forward_nodes = _forward_nodes(nodes, self.primals)
         self.users: list[list[int]] = [[] for _ in nodes]
         for i, node in enumerate(nodes):
             for a in dict.fromkeys(node.inputs):
@@ -121,7 +130,7 @@ class ScheduleModel:
             return None  # the rewrite would move forward nodes up
         saved = {self.index[n] for n in decision.saved}
         states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
-        tangents = [i for i, n in enumerate(self.nodes) if n.kind == "tangent"]
+        tangents = self.tangents
         placeholders = sorted(saved) + states + tangents
         again = {self.index[n]: steps for n, steps in decision.again}
         order, inputs, copies = self._edited(recomputed, again)
@@ -137,7 +146,7 @@ class ScheduleModel:
         placeholders = saved_used + tangents
         fwd, kept = self._forward(saved_used, pairs)
         walk = _Walk()
-        primals = [i for i, n in enumerate(self.nodes) if n.kind == "primal"]
+        primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
         self._run(primals + fwd, {i: self.nodes[i].inputs for i in fwd}, self._refs(kept),
                   walk, "forward", set(primals), pairs)
@@ -219,17 +228,19 @@ class ScheduleModel:
         placeholders its extraction found read, and each placeholder's
         elements taken out right after it."""
         valid, kept = set(placeholders), []
+        kinds = self.kinds
         for key in order:
-            if key in valid or self._kind(key) != "op":
+            if key in valid or (key[0] == "state" if key.__class__ is tuple
+                                else kinds[key] != "op"):
                 continue
             if all(a in valid for a in inputs[key]):
                 valid.add(key)
                 kept.append(key)
-        dce = _ancestors(outputs + [k for k in kept if self._impure(k, True, pairs)], inputs)
+        dce = _ancestors(outputs + self._impure_among(kept, True, pairs), inputs)
         outside = set(placeholders)
         used = {a for k in dce if k not in outside for a in inputs[k]} | set(outputs)
-        needed = _ancestors(outputs + [k for k in kept
-                                       if k in dce and self._impure(k, False, pairs)], inputs)
+        needed = _ancestors(outputs + [k for k in self._impure_among(kept, False, pairs)
+                                       if k in dce], inputs)
         emitted: set = set(placeholders)
         sequence: list = []
         # A tuple's elements are taken out right after it (rewrite.py).
@@ -245,7 +256,7 @@ class ScheduleModel:
             if key in emitted:
                 return
             # A grown input last: it is not held while recomputes run.
-            for a in sorted(inputs[key], key=lambda a: a in grown):
+            for a in sorted(inputs[key], key=grown.__contains__) if grown else inputs[key]:
                 emit(a)
             emitted.add(key)
             sequence.append(key)
@@ -284,12 +295,7 @@ class ScheduleModel:
 
     def _forward(self, saved_used: list, pairs: set):
         """Forward's nodes in order, and its outputs (kept to the end)."""
-        valid = {i for i, n in enumerate(self.nodes) if n.kind == "primal"}
-        kept = []
-        for i, node in enumerate(self.nodes):
-            if node.kind == "op" and not node.backward and all(a in valid for a in node.inputs):
-                valid.add(i)
-                kept.append(i)
+        kept = self.forward_nodes
         outputs = list(self.fwd_outputs) + saved_used
         roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
         inputs = {i: self.nodes[i].inputs for i in kept}
@@ -324,6 +330,15 @@ class ScheduleModel:
         node = self.nodes[key]
         return node.impure if random else node.side_effect
 
+    def _impure_among(self, keys: list, random: bool, pairs: set) -> list:
+        """The keys ``_impure`` says are kept, in order (sets, not a call
+        per key: most keys are pure)."""
+        ids = self.impure if random else self.side_effect
+        replays = random and self.replay_impure
+        return [k for k in keys
+                if (k.__class__ is tuple and replays and self.nodes[k[1]].state_bytes > 0)
+                or (k in pairs and self.pair_impure) or (k in ids and k not in pairs)]
+
     def _storages(self, key) -> tuple:
         if isinstance(key, tuple) and key[0] == "state":
             return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
@@ -347,21 +362,27 @@ class ScheduleModel:
     def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
              placeholders: set, pairs: set) -> None:
         """memory.py's walk of one graph; ``pairs``: random nodes forward
-        runs as run_and_save_rng_state, allocating their generator state."""
+        runs as run_and_save_rng_state, allocating their generator state.
+        (``_allocate``, inlined: this loop is most of a candidate's time.)"""
         memo: dict = {}
+        storages, own = self._storages, self.storages
 
         def storages_of(key):
+            if key.__class__ is int:
+                return own[key]
             found = memo.get(key)
             if found is None:
-                found = memo[key] = self._storages(key)
+                found = memo[key] = storages(key)
             return found
 
+        found_at = [storages_of(key) for key in sequence]
         last: dict = {}
+        first = last.setdefault
         for index, key in enumerate(sequence):
-            for ref, _ in storages_of(key):
-                last.setdefault(ref, index)
+            for ref, _ in found_at[index]:
+                first(ref, index)
             if key in pairs:
-                last.setdefault(-1 - key, index)
+                first(-1 - key, index)
             for arg in inputs.get(key, ()):
                 for ref, _ in storages_of(arg):
                     last[ref] = index
@@ -369,19 +390,31 @@ class ScheduleModel:
         for ref, index in last.items():
             if ref not in keep:
                 frees.setdefault(index, []).append(ref)
+        nodes, live, not_counted = self.nodes, walk.live, walk.not_counted
+        total, peak, peak_key = walk.total, walk.peak, None
         for index, key in enumerate(sequence):
-            node = self.nodes[key[1] if isinstance(key, tuple) else key]
-            state = ((-1 - key, node.state_bytes),) if key in pairs else ()
-            self._allocate(key, walk, extra=state, storages=storages_of(key))
-            total = walk.total
+            copy = key.__class__ is tuple
+            node = nodes[key[1]] if copy else nodes[key]
+            if node.counted:
+                found = found_at[index]
+                if key in pairs:
+                    found = found + ((-1 - key, node.state_bytes),)
+                for ref, nbytes in found:
+                    if ref not in live and ref not in not_counted:
+                        live[ref] = nbytes
+                        total += nbytes
+            now = total
             if key not in placeholders:
-                total += node.workspace
-                if isinstance(key, tuple) and node.state_bytes:
-                    total += node.state_bytes  # a replay holds the state it replaces
-            if total > walk.peak:
-                walk.peak, walk.peak_at = total, f"{phase}:{self._name(key, pairs)}"
+                now += node.workspace
+                if copy and node.state_bytes:
+                    now += node.state_bytes  # a replay holds the state it replaces
+            if now > peak:
+                peak, peak_key = now, key
             for ref in frees.get(index, ()):
-                walk.total -= walk.live.pop(ref, 0)
+                total -= live.pop(ref, 0)
+        walk.total, walk.peak = total, peak
+        if peak_key is not None:
+            walk.peak_at = f"{phase}:{self._name(peak_key, pairs)}"
 
 
 def _pick(value, step: int, copies: dict):
@@ -392,6 +425,17 @@ def _pick(value, step: int, copies: dict):
         return value
     k = bisect.bisect_right([start for start, _ in made], step) - 1
     return made[max(k, 0)][1]
+
+
+def _forward_nodes(nodes: list[_Node], primals: list[int]) -> list[int]:
+    """The forward ops AOTAutograd's extraction keeps (those the primals
+    reach), in order: what forward runs before dead-code elimination."""
+    valid, kept = set(primals), []
+    for i, node in enumerate(nodes):
+        if node.kind == "op" and not node.backward and all(a in valid for a in node.inputs):
+            valid.add(i)
+            kept.append(i)
+    return kept
 
 
 def _ancestors(roots, inputs) -> set:
