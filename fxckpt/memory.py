@@ -85,7 +85,8 @@ def _walk(forward: fx.Graph, backward: fx.Graph | None, stop_at: str | None = No
     if backward is not None and not state.stopped:
         for node in backward.find_nodes(op="placeholder"):
             state.allocate(node, "backward")  # saved values are live already; tangents are new
-        state.run(backward, "backward", keep=_output_storages(backward, storages),
+        state.run(backward, "backward",
+                  keep=_output_storages(backward, storages) | _tangent_storages(backward, storages),
                   inlined=inlined_by_inductor(backward) if fused else set())
     return state
 
@@ -216,9 +217,16 @@ def workspace_bytes(node: fx.Node) -> int:
     backward widens the mask back; oneDNN convolution writes its output
     through a temporary of the same size, and its backward holds copies of
     its three tensor operands; batch-norm backward holds one input-sized
-    buffer; addmm copies its bias. CUDA kernels of these ops are
+    buffer; addmm copies its bias; dropout's backward also wraps its scale
+    as two scalar tensors. CUDA kernels of these ops are
     fused or use workspaces the allocator reports separately: counted as 0.
+    ``_safe_softmax`` (the attention softmax of a row that may be all
+    -inf) is ATen's own composite code on every device: besides its output
+    it holds a bool mask of its input, the mask reduced over ``dim`` and a
+    scalar (torch 2.13's profiler on CPU).
     """
+    if node.target is _aten._safe_softmax.default:
+        return _safe_softmax_scratch(node)
     if _device(node) != "cpu":
         return 0
     target, args, extra = node.target, node.args, 0
@@ -227,8 +235,26 @@ def workspace_bytes(node: fx.Node) -> int:
         target, args, extra = args[1], args[2:], _nbytes(args[0])
     elif target is run_and_save_rng_state:
         target, args = args[0], args[1:]
-    operand = _WORKSPACE.get(getattr(target, "overloadpacket", None), ())
+    packet = getattr(target, "overloadpacket", None)
+    operand = _WORKSPACE.get(packet, ())
+    if packet is _aten.native_dropout_backward:
+        # Its scale, wrapped as tensors: a double, then one of the output's dtype.
+        extra += 8 + _element_size(node)
     return extra + sum(_nbytes(args[i]) if i >= 0 else _output_bytes(node) for i in operand)
+
+
+def _element_size(node: fx.Node) -> int:
+    value = node.meta.get("val")
+    return value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
+def _safe_softmax_scratch(node: fx.Node) -> int:
+    value, out = node.args[0].meta.get("val"), node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return 0
+    numel = concrete(value.numel())
+    width = concrete(value.shape[node.args[1]]) if value.dim() else 1
+    return numel + numel // max(width, 1) + out.element_size()
 
 
 _aten = torch.ops.aten
@@ -363,6 +389,13 @@ def _last_uses(graph: fx.Graph, storages) -> dict[StorageWeakRef, int]:
             for ref, _ in storages(arg):
                 last[ref] = index
     return last
+
+
+def _tangent_storages(graph: fx.Graph, storages) -> set[StorageWeakRef]:
+    """Storages of backward's incoming gradients: autograd holds them until
+    the compiled backward returns (its grad_outputs), whatever reads them."""
+    return {ref for node in graph.find_nodes(op="placeholder")
+            if node.name.startswith("tangents") for ref, _ in storages(node)}
 
 
 def _output_storages(graph: fx.Graph, storages) -> set[StorageWeakRef]:

@@ -57,3 +57,31 @@ def test_peak_location_is_reported():
     assert plans[0].peak_at.split(":")[0] in ("forward", "backward")
     phases = {phase for phase, _, _ in plans[0].timeline.points}
     assert phases == {"forward", "backward"}
+
+
+def _traced_op(fn, *args):
+    """The one-op graph of ``fn(*args)`` with fake values in ``meta["val"]``."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    return next(n for n in gm.graph.nodes if n.op == "call_function")
+
+
+@pytest.mark.parametrize("case", ["safe_softmax", "dropout_backward"])
+def test_op_scratch_is_what_the_allocator_sees(case):
+    """``workspace_bytes`` of an op is its measured peak less its output:
+    _safe_softmax's mask, reduced mask and scalar; dropout backward's widened
+    mask and its scale as two scalar tensors."""
+    from fxckpt.memory import workspace_bytes
+    torch.set_num_threads(1)
+    scores = torch.randn(2, 4, 64, 64)
+    if case == "safe_softmax":
+        def fn(x):
+            return torch.ops.aten._safe_softmax.default(x, -1)
+        args = (scores,)
+    else:
+        def fn(g, m):
+            return torch.ops.aten.native_dropout_backward.default(g, m, 1.25)
+        args = (scores, torch.rand(2, 4, 64, 64) > 0.2)
+    node = _traced_op(fn, *args)
+    measured = measure_peak_bytes(lambda: fn(*args))
+    assert measured - scores.nbytes == workspace_bytes(node) > 0

@@ -199,8 +199,7 @@ def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again:
     of a random op replay the one saved state: they are equal."""
     need = _first_needs(profile, order)
     # Read once (finding it reads every node).
-    fake_mode = fake_mode_of(graph) if again or any(
-        profile.nodes[n.name].is_random for n in order) else None
+    fake_mode = fake_mode_of(graph) if order else None
     copies: dict[fx.Node, list[tuple[float, fx.Node]]] = {}
     states: list[fx.Node] = []
     for node in order:
@@ -223,11 +222,10 @@ def _emit_copies(graph: fx.Graph, profile: Profile, order: list[fx.Node], again:
                     clone = rng.replay_call(graph, node, state, args, kwargs, name)
                 else:
                     clone = graph.create_node(node.op, node.target, args, kwargs, name=name)
-                    clone.meta = dict(node.meta)
-                if j < len(starts) - 1:
-                    # Copies are allocations of their own: the memory model
-                    # frees each on its own.
-                    clone.meta = {**node.meta, "val": _fresh_value(fake_mode, node, args, kwargs)}
+                # Every copy is an allocation of its own (or a view of its
+                # inputs' copies), never the original's storage: a view of
+                # the original that forward saved keeps that storage alive.
+                clone.meta = {**node.meta, "val": _fresh_value(fake_mode, node, args, kwargs)}
                 made.append((start, clone))
         # Forward users of a random op now read ``forward_value``; clones of
         # them must read the replay instead.

@@ -157,7 +157,8 @@ class ScheduleModel:
             walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
-            self._run(sequence, inputs, self._refs(outputs), walked, "backward",
+            # Autograd holds the incoming gradients until backward returns.
+            self._run(sequence, inputs, self._refs(outputs + tangents), walked, "backward",
                       set(placeholders), set())
             if best is None or walked.peak < best.peak:
                 best = walked
@@ -170,7 +171,8 @@ class ScheduleModel:
         backward node: ("clone", i) the last copy of value i, ("copy", i, j)
         its earlier ones), every node's inputs after backward was pointed at
         the copies serving its step, and each value's copies as [(first step
-        served, copy)]. Earlier copies' storages go to ``self.fresh``."""
+        served, copy)]. Every copy's storages (its own, or views of its
+        inputs' copies) go to ``self.fresh``."""
         need = self._first_needs(recomputed)
         copies: dict[int, list] = {}
         inputs: dict = {}
@@ -181,8 +183,7 @@ class ScheduleModel:
             for j, start in enumerate(starts):
                 key = ("clone", r) if j == len(starts) - 1 else ("copy", r, j)
                 mapped = tuple(_pick(a, start, copies) for a in self.nodes[r].inputs)
-                if key[0] == "copy":
-                    self.fresh[key] = self._fresh_storages(key, mapped)
+                self.fresh[key] = self._fresh_storages(key, mapped)
                 if self.nodes[r].state_bytes:
                     mapped = (("state", r),) + mapped
                 inputs[key] = tuple(dict.fromkeys(mapped))
@@ -210,8 +211,9 @@ class ScheduleModel:
         return need
 
     def _fresh_storages(self, key, mapped: tuple) -> tuple:
-        """An earlier copy's storages: its own, or where the op is a view,
-        those of the copy of the input it reads."""
+        """A copy's storages: its own, or where the op is a view, those of
+        the (copy of the) input it reads -- never the original's, which a
+        saved view of it can keep alive."""
         node = self.nodes[key[1]]
         found = []
         for p, ((_, nbytes), alias) in enumerate(zip(node.storages, node.aliases)):
@@ -342,9 +344,9 @@ class ScheduleModel:
     def _storages(self, key) -> tuple:
         if isinstance(key, tuple) and key[0] == "state":
             return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
-        if isinstance(key, tuple) and key[0] == "copy":
+        if isinstance(key, tuple):  # a copy or the clone
             return self.fresh[key]
-        return self.nodes[key[1] if isinstance(key, tuple) else key].storages
+        return self.nodes[key].storages
 
     def _refs(self, keys) -> set:
         return {ref for k in keys for ref, _ in self._storages(k)}
