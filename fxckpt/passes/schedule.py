@@ -28,17 +28,12 @@ plan that runs, against the real rewrite and simulation.
 from __future__ import annotations
 
 import bisect
-import operator
 from dataclasses import dataclass, field
 
-import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
-from fxckpt.memory import StorageMemo, allocated_bytes, grows_memory, workspace_bytes
-from fxckpt.ops import random_op_device
-from fxckpt.passes.rng import rng_state_bytes
-from fxckpt.types import BACKWARD, Decision, Profile, copy_recomputed_name, recomputed_name
+from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
+from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
 
 
 @dataclass(frozen=True)
@@ -57,26 +52,6 @@ class ModelTimeline:
 
 
 @dataclass
-class _Node:
-    name: str
-    kind: str                       # "primal", "tangent", "op"
-    inputs: tuple[int, ...]         # joint indices, in all_input_nodes order
-    storages: tuple[tuple[object, int], ...]
-    workspace: int
-    counted: bool                   # on the graph's device (or no device)
-    impure: bool                    # kept by dead-code elimination (random ops too)
-    side_effect: bool               # kept by the backward schedule (random ops not)
-    backward: bool                  # profile phase is backward
-    getitem: bool                   # takes an element out of a tuple
-    # Per storage: (input position, its storage position) where the value is
-    # a view of that input's storage, else None (a storage of its own).
-    aliases: tuple = ()
-    state_bytes: int = 0            # generator state, if it is random
-    grows: bool = False             # allocates more than its inputs hold (memory.grows_memory)
-    allocates: bool = True          # makes a storage of its own (not only views)
-
-
-@dataclass
 class _Walk:
     live: dict = field(default_factory=dict)
     not_counted: set = field(default_factory=set)
@@ -88,7 +63,7 @@ class _Walk:
 class ScheduleModel:
     """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
 
-    def __init__(self, nodes: list[_Node], fwd_outputs: list[int], bwd_outputs: list[int],
+    def __init__(self, nodes: list[ModelNode], fwd_outputs: list[int], bwd_outputs: list[int],
                  first_backward: int, *, sinks: bool = False) -> None:
         self.nodes = nodes
         # The rewrite's backward orders (rewrite.rewrite_orders): without and,
@@ -115,7 +90,7 @@ class ScheduleModel:
         # among the backward nodes, in graph order.
         self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
         # Whether dead-code elimination keeps a replay nobody reads.
-        self.replay_impure, self.pair_impure = _rng_calls_impure()
+        self.replay_impure, self.pair_impure = rng_calls_impure()
 
     def state_bytes(self, decision: Decision) -> dict[str, int]:
         """Generator-state bytes forward saves, by random recomputed value."""
@@ -429,7 +404,7 @@ def _pick(value, step: int, copies: dict):
     return made[max(k, 0)][1]
 
 
-def _forward_nodes(nodes: list[_Node], primals: list[int]) -> list[int]:
+def _forward_nodes(nodes: list[ModelNode], primals: list[int]) -> list[int]:
     """The forward ops AOTAutograd's extraction keeps (those the primals
     reach), in order: what forward runs before dead-code elimination."""
     valid, kept = set(primals), []
@@ -458,89 +433,8 @@ def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int,
     """The model of ``joint`` (the graph ``rewrite`` is given), or None for
     a graph it does not cover. ``sinks``: plans are rewritten in both
     backward orders (rewrite.rewrite_orders) and peak at the lower."""
-    graph = joint.graph
-    nodes = [n for n in graph.nodes if n.op != "output"]
-    index = {n: i for i, n in enumerate(nodes)}
-    storages = StorageMemo()
-    devices = {_device(n) for n in nodes} - {""}
-    if len(devices) > 1:
+    read = read_joint(joint, profile, num_fwd_outputs=num_fwd_outputs)
+    if read is None:
         return None
-    device = devices.pop() if devices else "cpu"
-    model_nodes = []
-    ids: dict = {}  # storages as numbers (generator states are negative)
-
-    def numbered(node: fx.Node):
-        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
-
-    for n in nodes:
-        made = _model_node(n, index, numbered, profile, device)
-        if made is None:
-            return None
-        model_nodes.append(made)
-    flat = pytree.arg_tree_leaves(*graph.output_node().args)
-    fwd = [index[x] for x in flat[:num_fwd_outputs] if isinstance(x, fx.Node)]
-    bwd = [index[x] for x in flat[num_fwd_outputs:] if isinstance(x, fx.Node)]
-    first_backward = next((i for i, m in enumerate(model_nodes)
-                           if m.kind == "op" and m.backward), len(model_nodes))
-    return ScheduleModel(model_nodes, fwd, bwd, first_backward, sinks=sinks)
-
-
-def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
-    if node.op == "placeholder":
-        if node.name.startswith("primals"):
-            kind = "primal"
-        elif node.name.startswith("tangents"):
-            kind = "tangent"
-        else:
-            return None  # seeds, backward state
-    elif node.op == "call_function":
-        kind = "op"
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
-            return None
-    else:
-        return None
-    info = profile.nodes.get(node.name)
-    random = info is not None and info.is_random
-    own = tuple(storages(node))
-    return _Node(
-        name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
-        storages=own, workspace=workspace_bytes(node),
-        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
-        counted=_device(node) in (device, ""),
-        impure=kind == "op" and node.is_impure(),
-        side_effect=kind == "op" and node.is_impure(impure_random=False),
-        backward=info is not None and info.phase == BACKWARD,
-        getitem=node.target is operator.getitem,
-        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
-        grows=kind == "op" and grows_memory(node),
-        allocates=kind == "op" and allocated_bytes(node) > 0)
-
-
-def _aliases(own: tuple, inputs: list) -> tuple:
-    """For each of a node's storages, (input position, storage position) of
-    the input storage it is, or None."""
-    where = {}
-    for k, found in enumerate(inputs):
-        for q, (ref, _) in enumerate(found):
-            where.setdefault(ref, (k, q))
-    return tuple(where.get(ref) for ref, _ in own)
-
-
-def _rng_calls_impure() -> tuple[bool, bool]:
-    """Whether FX counts run_with_rng_state and run_and_save_rng_state calls
-    impure (dead-code elimination keeps them)."""
-    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
-
-    graph = fx.Graph()
-    state = graph.placeholder("state")
-    op = torch.ops.aten.rand.default
-    return (graph.call_function(run_with_rng_state, (state, op, [1])).is_impure(),
-            graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
-
-
-def _device(node: fx.Node) -> str:
-    for v in pytree.tree_leaves(node.meta.get("val")):
-        if isinstance(v, torch.Tensor):
-            return v.device.type
-    return ""
+    return ScheduleModel(read.nodes, read.fwd_outputs, read.bwd_outputs, read.first_backward,
+                         sinks=sinks)

@@ -1,0 +1,138 @@
+"""The joint graph read once into plain per-node records, for the schedule
+model (passes/schedule.py): each node's inputs, storages (numbered), bytes,
+workspace, device, purity and what the rewrite asks of it."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from fxckpt.memory import StorageMemo, allocated_bytes, grows_memory, workspace_bytes
+from fxckpt.ops import random_op_device
+from fxckpt.passes.rng import rng_state_bytes
+from fxckpt.types import BACKWARD, Profile
+
+
+@dataclass
+class ModelNode:
+    name: str
+    kind: str                       # "primal", "tangent", "op"
+    inputs: tuple[int, ...]         # joint indices, in all_input_nodes order
+    storages: tuple[tuple[object, int], ...]
+    workspace: int
+    counted: bool                   # on the graph's device (or no device)
+    impure: bool                    # kept by dead-code elimination (random ops too)
+    side_effect: bool               # kept by the backward schedule (random ops not)
+    backward: bool                  # profile phase is backward
+    getitem: bool                   # takes an element out of a tuple
+    # Per storage: (input position, its storage position) where the value is
+    # a view of that input's storage, else None (a storage of its own).
+    aliases: tuple = ()
+    state_bytes: int = 0            # generator state, if it is random
+    grows: bool = False             # allocates more than its inputs hold (memory.grows_memory)
+    allocates: bool = True          # makes a storage of its own (not only views)
+
+
+@dataclass(frozen=True)
+class JointRead:
+    nodes: list[ModelNode]
+    fwd_outputs: list[int]         # forward's outputs, joint indices
+    bwd_outputs: list[int]         # backward's outputs (gradients)
+    first_backward: int            # index of the first backward op
+
+
+def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
+               ) -> JointRead | None:
+    """The records of ``joint`` (the graph ``rewrite`` is given), or None
+    for a graph the model does not cover (several devices, in-place ops,
+    placeholders other than primals and tangents)."""
+    graph = joint.graph
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    index = {n: i for i, n in enumerate(nodes)}
+    storages = StorageMemo()
+    devices = {_device(n) for n in nodes} - {""}
+    if len(devices) > 1:
+        return None
+    device = devices.pop() if devices else "cpu"
+    model_nodes = []
+    ids: dict = {}  # storages as numbers (generator states are negative)
+
+    def numbered(node: fx.Node):
+        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
+
+    for n in nodes:
+        made = _model_node(n, index, numbered, profile, device)
+        if made is None:
+            return None
+        model_nodes.append(made)
+    flat = pytree.arg_tree_leaves(*graph.output_node().args)
+    fwd = [index[x] for x in flat[:num_fwd_outputs] if isinstance(x, fx.Node)]
+    bwd = [index[x] for x in flat[num_fwd_outputs:] if isinstance(x, fx.Node)]
+    first_backward = next((i for i, m in enumerate(model_nodes)
+                           if m.kind == "op" and m.backward), len(model_nodes))
+    return JointRead(model_nodes, fwd, bwd, first_backward)
+
+
+def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
+    if node.op == "placeholder":
+        if node.name.startswith("primals"):
+            kind = "primal"
+        elif node.name.startswith("tangents"):
+            kind = "tangent"
+        else:
+            return None  # seeds, backward state
+    elif node.op == "call_function":
+        kind = "op"
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return None
+    else:
+        return None
+    info = profile.nodes.get(node.name)
+    random = info is not None and info.is_random
+    own = tuple(storages(node))
+    return ModelNode(
+        name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
+        storages=own, workspace=workspace_bytes(node),
+        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
+        counted=_device(node) in (device, ""),
+        impure=kind == "op" and node.is_impure(),
+        side_effect=kind == "op" and node.is_impure(impure_random=False),
+        backward=info is not None and info.phase == BACKWARD,
+        getitem=node.target is operator.getitem,
+        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
+        grows=kind == "op" and grows_memory(node),
+        allocates=kind == "op" and allocated_bytes(node) > 0)
+
+
+def _aliases(own: tuple, inputs: list) -> tuple:
+    """For each of a node's storages, (input position, storage position) of
+    the input storage it is, or None."""
+    where = {}
+    for k, found in enumerate(inputs):
+        for q, (ref, _) in enumerate(found):
+            where.setdefault(ref, (k, q))
+    return tuple(where.get(ref) for ref, _ in own)
+
+
+def rng_calls_impure() -> tuple[bool, bool]:
+    """Whether FX counts run_with_rng_state and run_and_save_rng_state calls
+    impure (dead-code elimination keeps them)."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    graph = fx.Graph()
+    state = graph.placeholder("state")
+    op = torch.ops.aten.rand.default
+    return (graph.call_function(run_with_rng_state, (state, op, [1])).is_impure(),
+            graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
+
+
+def _device(node: fx.Node) -> str:
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.Tensor):
+            return v.device.type
+    return ""
