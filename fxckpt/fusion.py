@@ -30,10 +30,31 @@ class RecomputeApart:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+    def can_fuse(self, scheduler, node1, node2, shared_data_score) -> bool:
+        if moves_recomputation(scheduler, node1, node2):
+            return False
+        return self._inner.can_fuse(scheduler, node1, node2, shared_data_score)
+
     def can_fuse_horizontal(self, scheduler, node1, node2, shared_data_score) -> bool:
         if holds_recomputed(node1) or holds_recomputed(node2):
             return False
         return self._inner.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
+
+
+def moves_recomputation(scheduler, node1, node2) -> bool:
+    """Whether fusing two scheduler nodes moves a recomputation: the later
+    one reads values made between them (the fused kernel runs where the
+    earlier one was, so those are made earlier, and the earlier node's
+    results later), and a recomputed op is among the fused or the moved."""
+    first, second = sorted((node1, node2), key=lambda node: node.min_order)
+    moved = []
+    for name in second.ancestors - first.ancestors:
+        node = scheduler.name_to_fused_node.get(name)
+        if node is not None and node is not first and node.min_order > first.max_order:
+            moved.append(node)
+    if not moved:
+        return False
+    return any(holds_recomputed(node) for node in (first, second, *moved))
 
 
 def holds_recomputed(scheduler_node) -> bool:
