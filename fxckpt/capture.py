@@ -338,10 +338,10 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __reduce__(self):
         # Inductor writes its configuration, this object included, into its
         # cache keys: the uuid stands for it, not the Planner's state.
-        # The fusion rule (fxckpt/fusion.py) is named too: code compiled
-        # without it must not be served for these graphs.
+        # The fusion rules (fxckpt/fusion.py) are named too: code compiled
+        # without them must not be served for these graphs.
         return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart, "
-                      f"late addmm split",))
+                      f"recomputation not moved where it holds more, late addmm split",))
 
 
 def capture_once(model, example_inputs, backend: Callable) -> None:
