@@ -22,6 +22,7 @@ from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from fxckpt.compiled_peak import step_peak
+from fxckpt.addmm import SplitLateAddmm
 from fxckpt.fusion import recompute_apart
 from fxckpt.errors import BudgetError
 from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
@@ -259,7 +260,17 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
         patches["enable_autograd_cache"] = False
     with functorch_config.patch(patches), recompute_apart():
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
-            "custom_partitioner_fn": _InductorPartitioner(planner, uuid)})
+            "custom_partitioner_fn": _InductorPartitioner(planner, uuid),
+            "post_grad_custom_post_pass": _post_grad_passes()})
+
+
+def _post_grad_passes() -> tuple:
+    """The user's post-grad passes, then fxckpt's: an ``addmm`` Inductor
+    made of a matmul and a late add split back (fxckpt/addmm.py)."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import get_custom_graph_passes
+
+    return (*get_custom_graph_passes(config.post_grad_custom_post_pass), SplitLateAddmm())
 
 
 def _byte_budget(planner) -> bool:
@@ -327,9 +338,10 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __reduce__(self):
         # Inductor writes its configuration, this object included, into its
         # cache keys: the uuid stands for it, not the Planner's state.
-        # The fusion rule (fxckpt/fusion.py) is named too: code compiled
-        # without it must not be served for these graphs.
-        return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart",))
+        # The fusion rules (fxckpt/fusion.py) are named too: code compiled
+        # without them must not be served for these graphs.
+        return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart, "
+                      f"recomputation not moved where it holds more, late addmm split",))
 
 
 def capture_once(model, example_inputs, backend: Callable) -> None:
