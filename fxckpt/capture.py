@@ -138,6 +138,10 @@ _ATTEMPTS = 4
 # Bytes to plan below the budget for the floor's plan: solve() stops a
 # lowered budget at the floor.
 _TO_FLOOR = 1 << 62
+# The lowered_by kept where no plan made for the budget compiled within it
+# but the runtime-optimal plan's code did: a later compile of the graph asks
+# for that compile (its own uuid), not for one of the attempts thrown away.
+_RUNTIME_OPTIMAL = -1
 
 
 def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
@@ -170,8 +174,10 @@ def _attempt_uuid(planner, uuid: str | None) -> str | None:
     """The uuid of one compile of a graph: under a byte budget each attempt
     (planned lower by so many bytes) is cached apart, so that a compile
     thrown away for peaking over the budget is never served for another."""
-    if uuid is None or planner.without_budget:
+    if uuid is None:
         return None
+    if planner.without_budget:
+        return f"{uuid}/runtime-optimal plan" if _byte_budget(planner) else None
     return f"{uuid}/lowered by {planner.lowered_by}" if _byte_budget(planner) else uuid
 
 
@@ -182,6 +188,8 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
     runtime-optimal plan if its code fits. Otherwise a BudgetError naming
     the lower compiled peak of the floor's plan and the runtime-optimal
     plan: planning is deterministic, so asking that budget gets one of them."""
+    if planner.lowered_by == _RUNTIME_OPTIMAL:
+        return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, None, uuid)
     tried: list[str] = []
     floor_peak = None
     for attempt in range(_ATTEMPTS):
@@ -208,18 +216,21 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
         planner.lowered_by = _TO_FLOOR if plan.fingerprint in tried \
             else planner.lowered_by + over
         tried.append(plan.fingerprint)
-    return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak)
+    return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak, uuid)
 
 
-def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak):
+def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak, uuid):
     budget = planner.options.budget.bytes
     planner.without_budget = True
     try:
-        compiled, _ = _attempt(gm, example_inputs, planner, None, mark)
+        compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark)
     finally:
         planner.without_budget = False
+    if len(planner.plans) == mark:
+        return compiled     # served from torch's caches: compile_planned adopts its plan
     optimal = planner.plans[mark]
     if optimal.peak_bytes <= budget:
+        planner.lowered_by = _RUNTIME_OPTIMAL
         planner.replace_plan(mark, replace(optimal, budget_bytes=budget, notes=optimal.notes + (
             "the runtime-optimal plan: its compiled code meets the budget, the "
             "plans made for the budget did not",)))
