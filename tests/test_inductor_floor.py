@@ -80,15 +80,6 @@ def test_inductor_floor_is_within_a_tenth_of_the_eager_floor(name, reset_dynamo)
     assert inductor <= 1.10 * eager, (name, inductor, eager, inductor / eager)
 
 
-class _Step(torch.nn.Module):
-    def __init__(self, model, loss_fn):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
-
-    def forward(self, *inputs):
-        return self.loss_fn(self.model(*inputs))
-
-
 def _budgeted_step_peak(name: str, budget):
     """(the plans, the measured peak of the second step) of a fresh compile."""
     torch._dynamo.reset()
