@@ -26,10 +26,12 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.bandwidth import offload_bandwidth
 from fxckpt.errors import BudgetError, PlanError
+from fxckpt.memo import FRONTIERS, frontier_key
 from fxckpt.memory import breakdown, simulate
 from fxckpt.options import Options, format_bytes
 from fxckpt.phases import PhaseClock, Progress
 from fxckpt.passes import schedule
+from fxckpt.passes.cse import deduplicated
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite_orders
 from fxckpt.passes.tag import tag_forward_values
@@ -43,6 +45,8 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
 
 _graph_ids = itertools.count()
+_RECALLED = ("the budget selected from the frontier of an earlier plan of this graph "
+             "with the same options in this process (fxckpt/memo.py); not solved again")
 log = logging.getLogger("fxckpt.planner")
 
 
@@ -92,6 +96,10 @@ class Planner:
     # model (passes/schedule.py) where it covers them; False rewrites and
     # simulates every one (the same plans, more slowly).
     estimates = True
+    # Under a budget, a frontier built earlier in the process for the same
+    # graph and options is selected from instead of solving again
+    # (fxckpt/memo.py); False always solves.
+    memoizes = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
                  num_lifted_params: int = 0) -> None:
@@ -136,15 +144,19 @@ class Planner:
             if known is not None else None
         if made is None:
             frontiers: list[tuple] = []
+            recalled: list[bool] = []
             with clock.phase("solve"):
                 options = replace(self.options, budget=None) if self.without_budget \
                     else self.options
+                memo_key = frontier_key(joint, profile, tags, options) \
+                    if options.budget is not None and self.memoizes else None
                 decision, rewritten, timeline = solve(profile, tags, evaluate, options,
                                                       on_frontier=frontiers.append,
                                                       lowered_by=self.lowered_by,
-                                                      estimate=estimate)
+                                                      estimate=estimate, memo_key=memo_key,
+                                                      on_recall=recalled.append)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
-                                graph_id=graph_id)
+                                graph_id=graph_id, note=_RECALLED if recalled else None)
             made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
         planned, rewritten = made
         self._record(planned)
@@ -325,22 +337,52 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
 
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
           on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0,
-          estimate: Evaluate | None = None):
+          estimate: Evaluate | None = None, memo_key: str | None = None,
+          on_recall: Callable[[bool], Any] | None = None):
     """Return (decision, rewritten, timeline) for the options' solver and budget.
     ``on_frontier``, under a budget, gets the frontier as (own peak, saved
     bytes, cost) points, lowest peak first. ``lowered_by``: bytes a byte
     budget is planned below (the decision still names the budget asked). ``estimate``: evaluate for the
     frontier's candidates, which may answer a Simulated plan (no graphs);
     the plan chosen is then rewritten and simulated for real, and if the two
-    peaks differ the frontier is built again with ``evaluate``."""
+    peaks differ the frontier is built again with ``evaluate``. ``memo_key``
+    (fxckpt/memo.py): the frontier is recalled from, or kept in, the
+    process's memo under that key; ``on_recall`` is called when it was
+    recalled."""
+    memo = _Memo(memo_key, on_recall)
     if estimate is not None and estimate is not evaluate:
         try:
-            return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate)
+            return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate,
+                          memo.exact(False))
         except _EstimateOff as off:
             log.info("the schedule model's peak for %s differs from the rewritten "
                         "graph's (%d against %d bytes): planning again with every "
                         "candidate rewritten", off.what, off.estimated, off.real)
-    return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate)
+    return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate,
+                  memo.exact(True))
+
+
+@dataclass(frozen=True)
+class _Memo:
+    key: str | None
+    on_recall: Callable[[bool], Any] | None
+
+    def exact(self, exact: bool) -> "_Memo":
+        """Frontiers of the schedule model and of real rewrites apart."""
+        key = None if self.key is None else f"{self.key}/{'exact' if exact else 'model'}"
+        return replace(self, key=key)
+
+    def frontier(self, build: Callable[[], list]) -> list:
+        if self.key is None:
+            return build()
+        frontier = FRONTIERS.recall(self.key)
+        if frontier is not None:
+            if self.on_recall is not None:
+                self.on_recall(True)
+            return frontier
+        frontier = build()
+        FRONTIERS.remember(self.key, frontier)
+        return frontier
 
 
 class _EstimateOff(Exception):
@@ -363,7 +405,7 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
 
 
 def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
-           estimate):
+           estimate, memo: _Memo):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
@@ -380,9 +422,9 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
-    frontier = pareto_frontier(problem, estimate, options.solver,
-                               (optimal, rewritten, timeline),
-                               again_from_seeds=options.compiler == "eager")
+    frontier = memo.frontier(lambda: pareto_frontier(
+        problem, estimate, options.solver, (optimal, rewritten, timeline),
+        again_from_seeds=options.compiler == "eager"))
     # The frontier's figures are the schedule model's (exact where it covers
     # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
     # plan a BudgetError names, are rewritten for real and checked below.
@@ -466,16 +508,3 @@ def dominated_by(rewritten, timeline) -> str:
     kinds = ", ".join(f"{name} {format_bytes(b)} ({b / total:.0%})" for name, b in ranked[:3]
                       if b > 0) or "nothing measurable"
     return f"{kinds}; the largest single value is {largest} ({format_bytes(largest_bytes)})"
-
-
-def deduplicated(joint: fx.GraphModule) -> fx.GraphModule:
-    """The joint graph with repeated identical computations merged, as torch's
-    partitioner does before it plans (a causal mask each layer rebuilds from
-    the same inputs is one value, not one per layer). Random and mutating
-    ops are never merged, so values are unchanged."""
-    from torch._functorch.compile_utils import fx_graph_cse
-
-    graph = fx_graph_cse(joint.graph)
-    if len(graph.nodes) == len(joint.graph.nodes):
-        return joint
-    return fx.GraphModule(joint, graph)

@@ -156,14 +156,11 @@ def test_inductor_predicted_peak_within_10_percent_of_measured(name, reset_dynam
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "hf_llama"])
 def test_inductor_byte_budget_is_kept(name, reset_dynamo):
-    """A byte budget between the memory model's floor and the compiled
-    default peak is met, or refused with a floor that is then met."""
-    model, inputs, loss_fn = fresh(ZOO[name])
-    with pytest.raises(fxckpt.BudgetError) as refused:
-        fxckpt.explain(_Step(model, loss_fn), *inputs, budget=1)
+    """A byte budget below the compiled default peak is met, or refused with
+    a floor between it and the default peak that is then met."""
     default_be, step, inputs, model = _compiled_step(name)
     default_peak = sum(plan.peak_bytes for plan in default_be.plans)
-    budget = (refused.value.floor_bytes + default_peak) // 2
+    budget = default_peak * 3 // 4
     try:
         be, step, inputs, model = _compiled_step(name, budget=budget)
     except fxckpt.BudgetError as error:

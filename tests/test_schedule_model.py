@@ -24,7 +24,8 @@ from fxckpt.passes import schedule
 from fxckpt.passes.rewrite import rewrite, rewrite_orders
 from fxckpt.passes.verify import verify_decision
 from fxckpt.phases import PhaseClock
-from fxckpt.pipeline import Planner, deduplicated, problem_for
+from fxckpt.passes.cse import deduplicated
+from fxckpt.pipeline import Planner, problem_for
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, Decision
 

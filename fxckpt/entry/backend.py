@@ -295,7 +295,7 @@ class Backend:
         the order they first ran, and the step's runs as indexes into them."""
         graphs = self.ledger.run_order()
         index = {id(e): i for i, e in enumerate(graphs)}
-        return ([(e.runs, e.frontier if e.frontier and not current
+        return ([(e.runs, _compiled_points(e) if e.frontier and not current
                   else ((e.plan.peak_bytes, e.plan.saved_bytes, 0.0),), e.grad_bytes)
                  for e in graphs],
                 [index[id(e)] for e in self.ledger.order if id(e) in index])
@@ -329,6 +329,19 @@ class Backend:
                 f"compiler={o.compiler!r}, solver={o.solver!r}"
                 + (f", offload_bandwidth={o.offload_bandwidth:g}" if o.offload_bandwidth else "")
                 + ")")
+
+
+def _compiled_points(entry: LedgerEntry) -> tuple:
+    """The entry's frontier points, where its plan is the frontier's floor
+    plan and its compiled code's peak is known (Inductor): no point below
+    that compiled peak. The frontier's peaks are the memory model's; a
+    compiled plan can peak higher, and a budget below the floor plan's
+    compiled peak is one the graph's compile refuses (capture.py)."""
+    plan, points = entry.plan, entry.frontier
+    if plan is None or plan.model_peak_bytes is None or plan.model_peak_bytes != points[0][0] \
+            or plan.peak_bytes <= points[0][0]:
+        return points
+    return tuple((max(peak, plan.peak_bytes), saved, cost) for peak, saved, cost in points)
 
 
 def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,

@@ -1,0 +1,131 @@
+"""Common-subexpression elimination on the joint graph, before planning.
+
+A causal mask each layer rebuilds from the same inputs is one value, not one
+per layer: torch's partitioner merges such repeats before it plans, and so
+does fxckpt. This pass merges a node into an earlier one with the same
+target and the same (already merged) arguments, and never merges:
+* random ops (they would share their draw), ``aten.empty`` (its values are
+  whatever memory held);
+* nodes whose storage the graph returns (eager gives each its own tensor);
+* values of unbacked symbols (their metadata would go stale);
+* nodes on either side of an op that mutates its arguments: a mutation
+  starts a new region, and only nodes of one region merge.
+
+The same rules as torch's ``fx_graph_cse``; written here because that
+function imports Inductor's pattern matcher (seconds of a cold compile that
+``compiler="eager"`` has no other use for) and writes region ids into the
+metadata of the graph it is given. This pass returns a new graph and leaves
+its input as it was.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
+
+from fxckpt.ops import is_random, packet
+
+aten = torch.ops.aten
+# Random ops that carry no ``nondeterministic_seeded`` tag.
+_RANDOM_PACKETS = frozenset({aten.dropout, aten._fused_dropout, aten.native_dropout,
+                             aten.rrelu, aten.bernoulli, aten.multinomial, aten.normal,
+                             aten.poisson, aten.binomial, aten._standard_gamma,
+                             aten.rand_like, aten.rand, aten.randint, aten.randn,
+                             aten.randperm})
+_SYM_TYPES = (torch.SymBool, torch.SymInt, torch.SymFloat)
+
+
+def deduplicated(joint: fx.GraphModule) -> fx.GraphModule:
+    """``joint`` with repeated identical computations merged (``joint``
+    itself when nothing merges)."""
+    graph = merged_graph(joint.graph)
+    if len(graph.nodes) == len(joint.graph.nodes):
+        return joint
+    return fx.GraphModule(joint, graph)
+
+
+def merged_graph(graph: fx.Graph) -> fx.Graph:
+    """A new graph: ``graph`` with repeats merged."""
+    new_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    # token -> (node in the new graph, its mutation region)
+    seen: dict[tuple, tuple[fx.Node, int]] = {}
+    kept = _never_merged(graph)
+    region = 0
+    for node in graph.nodes:
+        if _mutates(node):
+            region += 1
+        if node in kept:
+            env[node] = new_graph.node_copy(node, lambda x: env[x])
+            continue
+        token = _token(node, env)
+        earlier = seen.get(token) if token is not None else None
+        if earlier is not None and earlier[1] == region:
+            env[node] = earlier[0]
+            continue
+        env[node] = new_graph.node_copy(node, lambda x: env[x])
+        if token is not None:
+            # A repeat in a later region: later repeats merge into this one.
+            seen[token] = (env[node], region)
+    return new_graph
+
+
+def _never_merged(graph: fx.Graph) -> set[fx.Node]:
+    output = next(iter(reversed(graph.nodes)))
+    returned = {_storage(n) for n in output.all_input_nodes} - {None}
+    kept = set()
+    for node in graph.nodes:
+        if (node.op != "call_function" or is_random(node)
+                or packet(node) in _RANDOM_PACKETS or packet(node) is aten.empty
+                or _storage(node) in returned or _unbacked(node)):
+            kept.add(node)
+    return kept
+
+
+def _storage(node: fx.Node):
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(val.untyped_storage())
+    except NotImplementedError:
+        return None
+
+
+def _unbacked(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, _SYM_TYPES) and bool(free_unbacked_symbols(val))
+
+
+def _mutates(node: fx.Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    return node.op == "call_function" and (getattr(target, "__name__", "").endswith("_")
+                                           or node.kwargs.get("out") is not None)
+
+
+def _token(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
+    """What makes two nodes the same computation: the target and the
+    arguments, merged nodes replaced by what they merged into, each leaf with
+    its type (1 and 1.0 differ); None where an argument cannot be hashed
+    (the node is kept)."""
+    def leaves(tree):
+        flat, spec = tree_flatten(tree)
+        out = []
+        for value in flat:
+            if isinstance(value, fx.Node):
+                value = env.get(value, value)
+            elif isinstance(value, _SYM_TYPES):
+                value = value.node
+            out.append((value, type(value)))
+        return tuple(out), str(spec)
+    token = (node.target, *leaves(node.args), *leaves(node.kwargs))
+    try:
+        hash(token)
+    except TypeError:
+        return None
+    return token

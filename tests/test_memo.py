@@ -1,0 +1,73 @@
+"""A graph planned again at another budget selects from the frontier built
+the first time (fxckpt/memo.py): the frontier is built once, and the plans
+are those planning afresh makes."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxckpt
+import fxckpt.pipeline as pipeline
+from fxckpt.bench.compile import gpt_step
+from fxckpt.memo import FRONTIERS, FrontierMemo
+from fxckpt.passes.schedule import Simulated
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Counts the frontiers built; the memo starts empty."""
+    monkeypatch.setattr(pipeline, "FRONTIERS", FrontierMemo())
+    calls = []
+    original = pipeline.pareto_frontier
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(pipeline, "pareto_frontier", counted)
+    return calls
+
+
+def _explain(step, inputs, budget, **options):
+    return fxckpt.explain(step, *inputs, budget=budget, compiler="eager", **options)
+
+
+def test_other_budgets_select_from_the_frontier_built_once(built, monkeypatch):
+    step, inputs = gpt_step(2)
+    fractions = (0.5, 0.0, 0.3, 1.0)
+    plans = [_explain(step, inputs, f) for f in fractions]
+    assert len(built) == 1
+    assert not any("memo" in note for note in plans[0].notes)
+    assert all(any("memo.py" in note for note in p.notes) for p in plans[1:])
+    # The same plans as planning each budget afresh.
+    monkeypatch.setattr(pipeline.Planner, "memoizes", False)
+    fresh = [_explain(step, inputs, f) for f in fractions]
+    assert len(built) == 1 + len(fractions)
+    assert [p.fingerprint for p in plans] == [p.fingerprint for p in fresh]
+    assert [p.peak_bytes for p in plans] == [p.peak_bytes for p in fresh]
+    # A byte budget below the floor is refused with the same floor.
+    monkeypatch.setattr(pipeline.Planner, "memoizes", True)
+    with pytest.raises(fxckpt.BudgetError) as refused:
+        _explain(step, inputs, 1)
+    assert refused.value.floor_bytes == plans[1].peak_bytes
+    assert len(built) == 1 + len(fractions)
+
+
+def test_another_policy_or_graph_builds_its_own(built):
+    step, inputs = gpt_step(2)
+    _explain(step, inputs, 0.5)
+    _explain(step, inputs, 0.5, policy=fxckpt.policies.save_matmuls())
+    assert len(built) == 2
+    _explain(*gpt_step(3), 0.5)
+    assert len(built) == 3
+
+
+def test_the_memo_keeps_no_graphs_and_only_the_last_few(built):
+    memo = FrontierMemo(keep=2)
+    step, inputs = gpt_step(2)
+    _explain(step, inputs, 0.5)
+    (key, frontier), = pipeline.FRONTIERS._kept.items()
+    assert all(isinstance(c.rewritten, Simulated) for c in frontier)
+    for k in ("a", "b", key):
+        memo.remember(k, frontier)
+    assert len(memo) == 2 and memo.recall("a") is None and memo.recall(key) is not None
+    assert FRONTIERS is not pipeline.FRONTIERS      # the fixture's own memo
