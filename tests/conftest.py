@@ -15,6 +15,16 @@ def plan_afresh():
         yield
 
 
+@pytest.fixture(autouse=True)
+def frontiers_afresh(monkeypatch):
+    """Each test starts with no frontier remembered (fxckpt/memo.py): tests
+    monkeypatch stages the memo's key cannot see."""
+    import fxckpt.pipeline
+    from fxckpt.memo import FrontierMemo
+
+    monkeypatch.setattr(fxckpt.pipeline, "FRONTIERS", FrontierMemo())
+
+
 @pytest.fixture
 def reset_dynamo():
     """Each test compiles afresh: no graphs, guards or backends left over."""

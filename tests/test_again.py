@@ -192,6 +192,8 @@ def test_floor_below_single_recompute_and_per_block_on_gpt_at_256(monkeypatch, r
     floor = _floor(make, reset)
     with monkeypatch.context() as patched:
         patched.setattr(frontier, "_AGAIN_BASES", 0)
+        # Planned afresh, not selected from the frontier just built.
+        patched.setattr(fxckpt.pipeline.Planner, "memoizes", False)
         single_floor = _floor(make, reset)
     assert floor < single_floor
     measured, plans = _measured(make, reset, budget=floor)

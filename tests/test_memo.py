@@ -15,8 +15,7 @@ from fxckpt.passes.schedule import Simulated
 
 @pytest.fixture
 def built(monkeypatch):
-    """Counts the frontiers built; the memo starts empty."""
-    monkeypatch.setattr(pipeline, "FRONTIERS", FrontierMemo())
+    """Counts the frontiers built (the memo starts empty: conftest)."""
     calls = []
     original = pipeline.pareto_frontier
 
@@ -70,4 +69,4 @@ def test_the_memo_keeps_no_graphs_and_only_the_last_few(built):
     for k in ("a", "b", key):
         memo.remember(k, frontier)
     assert len(memo) == 2 and memo.recall("a") is None and memo.recall(key) is not None
-    assert FRONTIERS is not pipeline.FRONTIERS      # the fixture's own memo
+    assert FRONTIERS is not pipeline.FRONTIERS      # conftest's, for this test

@@ -150,7 +150,18 @@ def test_model_peak_is_memory_models_peak(seed, bits, again, sinks):
         timeline = simulate(rewritten.forward.graph, rewritten.backward.graph)
         if real is None or timeline.peak_bytes < real.peak_bytes:
             real = timeline
-    assert (estimated.peak_bytes, estimated.peak_at) == (real.peak_bytes, real.peak_at)
+    assert estimated.peak_bytes == real.peak_bytes
+    if estimated.peak_at != real.peak_at:
+        # Where copies read forward-side values the joint graph placed among
+        # backward nodes, the rewrite moves those up, and backward's saved
+        # inputs can come in another order than the model's. They allocate
+        # nothing: a peak at backward's start is the same moment, named by
+        # another of them.
+        recomputed = [model.index[n] for n in decision.recomputed]
+        assert any(a >= model.first_backward for r in recomputed for a in model.nodes[r].inputs)
+        inputs = {f"backward:{n}" for n in decision.saved} | {
+            f"backward:{n.name}" for n in model.nodes if n.kind in ("primal", "tangent")}
+        assert {estimated.peak_at, real.peak_at} <= inputs, (estimated, real.peak_at)
     assert sum(model.state_bytes(decision).values()) == sum(rewritten.rng_state_bytes.values())
 
 
@@ -214,3 +225,33 @@ def test_sunk_gradient_that_only_the_output_reads_is_counted():
     real = min(simulate(r.forward.graph, r.backward.graph).peak_bytes for r in rewrite_orders(
         joint, profile, decision, num_fwd_outputs=kwargs["num_fwd_outputs"]))
     assert model.peak(decision).peak_bytes == real
+
+
+def test_hf_llama_is_planned_with_one_real_rewrite():
+    """HF Llama's joint graph places forward-side values among backward nodes
+    (the rotary tables' products the gradient reads): plans whose copies read
+    them were rewritten for real, one by one (36 rewrites for the tiny
+    model's frontier). The model follows the rewrite's moving them up, so
+    only the plan chosen is rewritten, and its real peak is the model's
+    (a higher one would plan again with every candidate rewritten)."""
+    pytest.importorskip("transformers")
+    import fxckpt.pipeline as pipeline
+    from fxckpt.bench.ways import Step
+    from fxckpt.bench.zoo import make_bench_model
+
+    model, inputs, loss_fn = make_bench_model("hf_llama", size="tiny")
+    joint, joint_inputs, kwargs = capture_joint(Step(model, loss_fn), inputs)
+    calls = []
+    original = pipeline.rewrite_orders
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return original(*args, **kw)
+    pipeline.rewrite_orders, saved = counted, pipeline.rewrite_orders
+    try:
+        planner = Planner(Options.create(compiler="eager", budget=0.0))
+        planner(joint, joint_inputs, **kwargs)
+    finally:
+        pipeline.rewrite_orders = saved
+    assert len(calls) == 1
+    assert planner.plans[0].peak_bytes == planner.frontiers_seen[0][0][0]

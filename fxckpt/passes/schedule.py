@@ -101,14 +101,22 @@ class ScheduleModel:
         if decision.offloaded:
             return None
         recomputed = sorted(self.index[n] for n in decision.recomputed)
-        if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
-            return None  # the rewrite would move forward nodes up
         saved = {self.index[n] for n in decision.saved}
         states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
         tangents = self.tangents
         placeholders = sorted(saved) + states + tangents
         again = {self.index[n]: steps for n, steps in decision.again}
         order, inputs, copies = self._edited(recomputed, again)
+        forward_nodes = self.forward_nodes
+        if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
+            # Copies read forward-side values the joint graph placed among
+            # backward nodes: the rewrite moves those up (and so forward runs
+            # them in another order).
+            order = _placed(order, inputs)
+            position = {key: p for p, key in enumerate(order)}
+            forward_nodes = sorted(forward_nodes, key=position.__getitem__)
+            # Forward saves values in the edited graph's order.
+            placeholders = sorted(saved, key=position.__getitem__) + states + tangents
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
@@ -119,7 +127,7 @@ class ScheduleModel:
         used = orders[0][1]
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
-        fwd, kept = self._forward(saved_used, pairs)
+        fwd, kept = self._forward(saved_used, pairs, forward_nodes)
         walk = _Walk()
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
@@ -270,9 +278,10 @@ class ScheduleModel:
                 grown.add(key)
         return grown
 
-    def _forward(self, saved_used: list, pairs: set):
-        """Forward's nodes in order, and its outputs (kept to the end)."""
-        kept = self.forward_nodes
+    def _forward(self, saved_used: list, pairs: set, kept: list):
+        """Forward's nodes in order (``kept``: the forward nodes AOTAutograd
+        keeps, in the edited graph's order), and its outputs (kept to the
+        end)."""
         outputs = list(self.fwd_outputs) + saved_used
         roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
         inputs = {i: self.nodes[i].inputs for i in kept}
@@ -402,6 +411,34 @@ def _pick(value, step: int, copies: dict):
         return value
     k = bisect.bisect_right([start for start, _ in made], step) - 1
     return made[max(k, 0)][1]
+
+
+def _placed(order: list, inputs: dict) -> list:
+    """``order`` with each node moved after its inputs, as the rewrite's
+    ``_ensure_topological`` moves them: a node whose input comes later gets
+    that input (after the input's own, recursively) right in front of it;
+    everything else keeps its order. Keys not in ``order`` (generator
+    states) count as placed."""
+    within = set(order)
+    placed: set = set()
+    moved: list = []
+    for key in order:
+        if key in placed:
+            continue
+        # Post-order walk: a node's unplaced inputs, in argument order, each
+        # after its own, then the node.
+        stack = [(key, iter(inputs.get(key, ())))]
+        while stack:
+            node, pending = stack[-1]
+            for parent in pending:
+                if parent in within and parent not in placed:
+                    stack.append((parent, iter(inputs.get(parent, ()))))
+                    break
+            else:
+                stack.pop()
+                placed.add(node)
+                moved.append(node)
+    return moved
 
 
 def _forward_nodes(nodes: list[ModelNode], primals: list[int]) -> list[int]:
