@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import torch.fx as fx
 
@@ -55,6 +56,33 @@ class FrontierMemo:
 
 
 FRONTIERS = FrontierMemo()
+
+
+@dataclass(frozen=True)
+class Recall:
+    """Where one planning's frontier comes from: recalled from the process's
+    memo under ``key``, or built and kept there (``key`` None: built, not
+    kept). ``on_recall`` is called when it was recalled."""
+
+    key: str | None
+    on_recall: Callable[[bool], Any] | None = None
+
+    def exact(self, exact: bool) -> "Recall":
+        """Frontiers of the schedule model and of real rewrites apart."""
+        key = None if self.key is None else f"{self.key}/{'exact' if exact else 'model'}"
+        return replace(self, key=key)
+
+    def frontier(self, build: Callable[[], list]) -> list:
+        if self.key is None:
+            return build()
+        frontier = FRONTIERS.recall(self.key)
+        if frontier is not None:
+            if self.on_recall is not None:
+                self.on_recall(True)
+            return frontier
+        frontier = build()
+        FRONTIERS.remember(self.key, frontier)
+        return frontier
 
 
 def frontier_key(joint: fx.GraphModule, profile: Profile, tags: dict[str, Tag],

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.bandwidth import offload_bandwidth
 from fxckpt.errors import BudgetError, PlanError
-from fxckpt.memo import FRONTIERS, frontier_key
+from fxckpt.memo import Recall, frontier_key
 from fxckpt.memory import breakdown, simulate
 from fxckpt.options import Options, format_bytes
 from fxckpt.phases import PhaseClock, Progress
@@ -349,7 +349,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     (fxckpt/memo.py): the frontier is recalled from, or kept in, the
     process's memo under that key; ``on_recall`` is called when it was
     recalled."""
-    memo = _Memo(memo_key, on_recall)
+    memo = Recall(memo_key, on_recall)
     if estimate is not None and estimate is not evaluate:
         try:
             return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate,
@@ -360,29 +360,6 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
                         "candidate rewritten", off.what, off.estimated, off.real)
     return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate,
                   memo.exact(True))
-
-
-@dataclass(frozen=True)
-class _Memo:
-    key: str | None
-    on_recall: Callable[[bool], Any] | None
-
-    def exact(self, exact: bool) -> "_Memo":
-        """Frontiers of the schedule model and of real rewrites apart."""
-        key = None if self.key is None else f"{self.key}/{'exact' if exact else 'model'}"
-        return replace(self, key=key)
-
-    def frontier(self, build: Callable[[], list]) -> list:
-        if self.key is None:
-            return build()
-        frontier = FRONTIERS.recall(self.key)
-        if frontier is not None:
-            if self.on_recall is not None:
-                self.on_recall(True)
-            return frontier
-        frontier = build()
-        FRONTIERS.remember(self.key, frontier)
-        return frontier
 
 
 class _EstimateOff(Exception):
@@ -405,7 +382,7 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
 
 
 def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
-           estimate, memo: _Memo):
+           estimate, memo: Recall):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)

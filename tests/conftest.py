@@ -19,10 +19,9 @@ def plan_afresh():
 def frontiers_afresh(monkeypatch):
     """Each test starts with no frontier remembered (fxckpt/memo.py): tests
     monkeypatch stages the memo's key cannot see."""
-    import fxckpt.pipeline
-    from fxckpt.memo import FrontierMemo
+    import fxckpt.memo
 
-    monkeypatch.setattr(fxckpt.pipeline, "FRONTIERS", FrontierMemo())
+    monkeypatch.setattr(fxckpt.memo, "FRONTIERS", fxckpt.memo.FrontierMemo())
 
 
 @pytest.fixture

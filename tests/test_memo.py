@@ -9,6 +9,7 @@ import pytest
 import fxckpt
 import fxckpt.pipeline as pipeline
 from fxckpt.bench.compile import gpt_step
+import fxckpt.memo as memo_module
 from fxckpt.memo import FRONTIERS, FrontierMemo
 from fxckpt.passes.schedule import Simulated
 
@@ -64,9 +65,9 @@ def test_the_memo_keeps_no_graphs_and_only_the_last_few(built):
     memo = FrontierMemo(keep=2)
     step, inputs = gpt_step(2)
     _explain(step, inputs, 0.5)
-    (key, frontier), = pipeline.FRONTIERS._kept.items()
+    (key, frontier), = memo_module.FRONTIERS._kept.items()
     assert all(isinstance(c.rewritten, Simulated) for c in frontier)
     for k in ("a", "b", key):
         memo.remember(k, frontier)
     assert len(memo) == 2 and memo.recall("a") is None and memo.recall(key) is not None
-    assert FRONTIERS is not pipeline.FRONTIERS      # conftest's, for this test
+    assert FRONTIERS is not memo_module.FRONTIERS   # conftest's, for this test
