@@ -79,3 +79,28 @@ def test_keeps_random_ops_mutation_regions_and_what_it_returns_apart():
     # A graph with nothing to merge comes back as it was given.
     again = fx.GraphModule(joint, ours)
     assert deduplicated(again) is again
+
+
+def _hash_alike(x):
+    index = torch.arange(4)
+    up, down = index.unsqueeze(-2), index.unsqueeze(-1)      # hash(-1) == hash(-2)
+    up_again, down_again = index.unsqueeze(-2), index.unsqueeze(-1)
+    zero, negative_zero = torch.full((), 0.0), torch.full((), -0.0)
+    one, one_again = torch.full((), 1.0), torch.full((), 1.0)
+    return x + (up - down) + (up_again - down_again) + 1 / zero + 1 / negative_zero \
+        + one + one_again
+
+
+def test_looks_nodes_up_as_torch_does_hash_alike_arguments_and_signed_zeros():
+    """Arguments that hash alike but differ (-1, -2) keep the later node and
+    its repeats, as torch's lookup by hash does; 0.0 and -0.0 are different
+    arguments (1 / 0.0 is inf, 1 / -0.0 is -inf); equal floats merge."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(_hash_alike)(torch.zeros(4, 4)).graph
+    ours = merged_graph(graph)
+    assert _shape(ours) == _shape(_torch_cse(graph))
+    targets = [n.target for n in ours.nodes]
+    assert targets.count(torch.ops.aten.unsqueeze.default) == 3
+    fulls = [n.args[1] for n in ours.nodes if n.target == torch.ops.aten.full.default]
+    assert sorted(map(str, fulls)) == ["-0.0", "0.0", "1.0"]

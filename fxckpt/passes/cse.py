@@ -11,14 +11,21 @@ target and the same (already merged) arguments, and never merges:
 * nodes on either side of an op that mutates its arguments: a mutation
   starts a new region, and only nodes of one region merge.
 
-The same rules as torch's ``fx_graph_cse``; written here because that
-function imports Inductor's pattern matcher (seconds of a cold compile that
-``compiler="eager"`` has no other use for) and writes region ids into the
-metadata of the graph it is given. This pass returns a new graph and leaves
-its input as it was.
+The same rules as torch's ``fx_graph_cse``, so that the graph planned is
+the one torch's partitioner sees, to the node: floats are compared by their
+bits (0.0 and -0.0 differ, a NaN equals itself), and a node is looked up by
+the hash of its target and arguments, as torch does, so that a node whose
+arguments hash like an earlier, different node's (Python hashes -1 and -2
+alike: ``unsqueeze(x, -1)`` after ``unsqueeze(x, -2)``) is kept, and so are
+its repeats. Written here because that function imports Inductor's pattern
+matcher (seconds of a cold compile that ``compiler="eager"`` has no other
+use for) and writes region ids into the metadata of the graph it is given.
+This pass returns a new graph and leaves its input as it was.
 """
 
 from __future__ import annotations
+
+import struct
 
 import torch
 import torch.fx as fx
@@ -51,8 +58,8 @@ def merged_graph(graph: fx.Graph) -> fx.Graph:
     """A new graph: ``graph`` with repeats merged."""
     new_graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    # token -> (node in the new graph, its mutation region)
-    seen: dict[tuple, tuple[fx.Node, int]] = {}
+    # hash key -> (token, node in the new graph, its mutation region)
+    seen: dict[tuple, tuple[tuple, fx.Node, int]] = {}
     kept = _never_merged(graph)
     region = 0
     for node in graph.nodes:
@@ -61,28 +68,56 @@ def merged_graph(graph: fx.Graph) -> fx.Graph:
         if node in kept:
             env[node] = new_graph.node_copy(node, lambda x: env[x])
             continue
-        token = _token(node, env)
-        earlier = seen.get(token) if token is not None else None
-        if earlier is not None and earlier[1] == region:
-            env[node] = earlier[0]
+        keyed = _keyed(node, env)
+        earlier = seen.get(keyed[0]) if keyed is not None else None
+        if earlier is not None and earlier[0] == keyed[1] and earlier[2] == region:
+            env[node] = earlier[1]
             continue
         env[node] = new_graph.node_copy(node, lambda x: env[x])
-        if token is not None:
-            # A repeat in a later region: later repeats merge into this one.
-            seen[token] = (env[node], region)
+        if keyed is not None and (earlier is None or earlier[0] == keyed[1]):
+            # New, or a repeat in a later region (later repeats merge into
+            # this one); a different node under the same hash is not kept.
+            seen[keyed[0]] = (keyed[1], env[node], region)
     return new_graph
 
 
 def _never_merged(graph: fx.Graph) -> set[fx.Node]:
     output = next(iter(reversed(graph.nodes)))
     returned = {_storage(n) for n in output.all_input_nodes} - {None}
-    kept = set()
+    kept = _mutable_bases(graph)
     for node in graph.nodes:
-        if (node.op != "call_function" or is_random(node)
+        if (node.op != "call_function" or node.is_impure() or is_random(node)
                 or packet(node) in _RANDOM_PACKETS or packet(node) is aten.empty
                 or _storage(node) in returned or _unbacked(node)):
             kept.add(node)
     return kept
+
+
+def _mutable_bases(graph: fx.Graph) -> set[fx.Node]:
+    """Buffers a functionalized mutation writes (``auto_functionalized``'s
+    bases, a Triton kernel's cloned tensors): two identical factories
+    feeding two such buffers are two buffers."""
+    from torch._higher_order_ops.auto_functionalize import get_mutable_args
+
+    bases: set[fx.Node] = set()
+
+    def add(value):
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, fx.Node):
+                bases.add(item)
+
+    hops = torch.ops.higher_order
+    for node in graph.find_nodes(op="call_function", target=hops.auto_functionalized_v2):
+        add(node.kwargs.get("_all_bases", ()))
+    for node in graph.find_nodes(op="call_function", target=hops.auto_functionalized):
+        for name in get_mutable_args(node.args[0])[0]:
+            add(node.kwargs.get(name))
+    for node in graph.nodes:
+        if getattr(node.target, "__name__", None) == "triton_kernel_wrapper_functional":
+            inner = node.kwargs.get("kwargs", {})
+            for name in node.kwargs.get("tensors_to_clone", ()):
+                add(inner.get(name))
+    return bases
 
 
 def _storage(node: fx.Node):
@@ -108,11 +143,12 @@ def _mutates(node: fx.Node) -> bool:
                                            or node.kwargs.get("out") is not None)
 
 
-def _token(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
-    """What makes two nodes the same computation: the target and the
-    arguments, merged nodes replaced by what they merged into, each leaf with
-    its type (1 and 1.0 differ); None where an argument cannot be hashed
-    (the node is kept)."""
+def _keyed(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple[tuple, tuple] | None:
+    """(hash key, token) of a node: the token is what makes two nodes the
+    same computation (the target and the arguments, merged nodes replaced by
+    what they merged into, each leaf with its type: 1 and 1.0 differ); the
+    key is the target and the token's hash. None where an argument cannot be
+    hashed (the node is kept)."""
     def leaves(tree):
         flat, spec = tree_flatten(tree)
         out = []
@@ -121,11 +157,28 @@ def _token(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple | None:
                 value = env.get(value, value)
             elif isinstance(value, _SYM_TYPES):
                 value = value.node
+            value = _bits(value)
             out.append((value, type(value)))
         return tuple(out), str(spec)
-    token = (node.target, *leaves(node.args), *leaves(node.kwargs))
+    args, kwargs = leaves(node.args), leaves(node.kwargs)
     try:
-        hash(token)
+        digest = hash((args[0], kwargs[0]))
     except TypeError:
         return None
-    return token
+    return (node.target, digest), (node.target, *args, *kwargs, _context(node))
+
+
+def _bits(value):
+    """Floats by their bits: 0.0 and -0.0 are different arguments."""
+    if type(value) is float:
+        return ("float", struct.pack(">d", value))
+    if type(value) is complex:
+        return ("complex", struct.pack(">dd", value.real, value.imag))
+    return value
+
+
+def _context(node: fx.Node) -> tuple:
+    """The stream and memory pool a node was put on: nodes of different
+    ones never merge."""
+    custom = node.meta.get("custom") or {}
+    return custom.get("stream", 0), custom.get("mempool"), custom.get("mempool_device")
