@@ -12,8 +12,10 @@ target and the same (already merged) arguments, and never merges:
   starts a new region, and only nodes of one region merge.
 
 The same rules as torch's ``fx_graph_cse``, so that the graph planned is
-the one torch's partitioner sees, to the node: floats are compared by their
-bits (0.0 and -0.0 differ, a NaN equals itself), and a node is looked up by
+the one torch's partitioner sees, to the node, with one exception: floats
+are compared by their bits (0.0 and -0.0 differ, a NaN equals itself),
+where torch compares them with ``==`` and merges ``full(0.0)`` into
+``full(-0.0)``, changing results (1 / -0.0 is -inf). A node is looked up by
 the hash of its target and arguments, as torch does, so that a node whose
 arguments hash like an earlier, different node's (Python hashes -1 and -2
 alike: ``unsqueeze(x, -1)`` after ``unsqueeze(x, -2)``) is kept, and so are
