@@ -36,6 +36,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from fxckpt.ops import is_random, packet
+from fxckpt.passes.graphs import lazy_graph_module
 
 aten = torch.ops.aten
 # Random ops that carry no ``nondeterministic_seeded`` tag.
@@ -53,7 +54,7 @@ def deduplicated(joint: fx.GraphModule) -> fx.GraphModule:
     graph = merged_graph(joint.graph)
     if len(graph.nodes) == len(joint.graph.nodes):
         return joint
-    return fx.GraphModule(joint, graph)
+    return lazy_graph_module(joint, graph)
 
 
 def merged_graph(graph: fx.Graph) -> fx.Graph:

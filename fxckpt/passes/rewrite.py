@@ -35,7 +35,7 @@ from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
 from fxckpt.memory import allocated_bytes, grows_memory
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
-from fxckpt.passes.graphs import copy_graph_module, fake_mode_of
+from fxckpt.passes.graphs import copy_graph_module, fake_mode_of, lazy_graph_module
 
 @dataclass(frozen=True)
 class Rewritten:
@@ -98,8 +98,7 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
         if order in seen:
             continue
         seen.append(order)
-        backward = fx.GraphModule(extracted, scheduled)
-        backward.recompile()
+        backward = lazy_graph_module(extracted, scheduled)
         made.append(Rewritten(backward=backward, **shared))
     return made
 
