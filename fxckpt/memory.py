@@ -218,8 +218,11 @@ def workspace_bytes(node: fx.Node) -> int:
     through a temporary of the same size, and its backward holds copies of
     its three tensor operands; batch-norm backward holds one input-sized
     buffer; addmm copies its bias; dropout's backward also wraps its scale
-    as two scalar tensors. CUDA kernels of these ops are
-    fused or use workspaces the allocator reports separately: counted as 0.
+    as two scalar tensors; an elementwise op given a Python number (``x *
+    0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
+    tensor operand of another dtype, to the dtype it computes in. CUDA
+    kernels of these ops are fused, take scalars as arguments or use
+    workspaces the allocator reports separately: counted as 0.
     ``_safe_softmax`` (the attention softmax of a row that may be all
     -inf) is ATen's own composite code on every device: besides its output
     it holds a bool mask of its input, the mask reduced over ``dim`` and a
@@ -240,7 +243,34 @@ def workspace_bytes(node: fx.Node) -> int:
     if packet is _aten.native_dropout_backward:
         # Its scale, wrapped as tensors: a double, then one of the output's dtype.
         extra += 8 + _element_size(node)
+    elif packet in _WRAPS_NUMBERS:
+        extra += _wrapped_number_bytes(args)
     return extra + sum(_nbytes(args[i]) if i >= 0 else _output_bytes(node) for i in operand)
+
+
+def _wrapped_number_bytes(args) -> int:
+    """Scratch of an elementwise op (``_WRAPS_NUMBERS``) with a Python number
+    among its operands: the number wrapped as a 0-dim tensor (a double, a
+    long or a bool), converted to the dtype the op computes in where that
+    differs, and so is each tensor operand of another dtype (measured on
+    torch 2.13's CPU kernels: x * 0.5 holds 12 bytes for float32 x, 16 for a
+    float64 x times an int)."""
+    numbers = [a for a in args if isinstance(a, (bool, int, float))]
+    tensors = [a.meta["val"] for a in args
+               if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    if not numbers or not tensors:
+        return 0
+    try:
+        common = torch.result_type(tensors[0], numbers[0])
+    except (RuntimeError, TypeError):
+        return 0
+    scratch = 0
+    for number in numbers:
+        wrapped = (torch.bool if isinstance(number, bool) else
+                   torch.int64 if isinstance(number, int) else torch.float64)
+        scratch += wrapped.itemsize + (common.itemsize if common != wrapped else 0)
+    return scratch + sum(concrete(t.numel()) * common.itemsize
+                         for t in tensors if t.dtype != common)
 
 
 def _element_size(node: fx.Node) -> int:
@@ -262,6 +292,12 @@ _REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.pr
                          _aten.var_mean, _aten.var, _aten.max, _aten.min,
                          _aten.argmax, _aten.argmin, _aten.any, _aten.all})
 # op -> which tensors' bytes the scratch equals (-1: the op's output).
+# Elementwise ops that wrap a Python number operand as a tensor on CPU.
+_WRAPS_NUMBERS = frozenset({
+    _aten.add, _aten.sub, _aten.rsub, _aten.mul, _aten.div, _aten.remainder, _aten.fmod,
+    _aten.floor_divide, _aten.eq, _aten.ne, _aten.lt, _aten.le, _aten.gt, _aten.ge,
+    _aten.bitwise_and, _aten.bitwise_or, _aten.bitwise_xor, _aten.xlogy, _aten.copysign})
+
 _WORKSPACE = {
     _aten.native_dropout: (0,),
     _aten.convolution: (-1,),

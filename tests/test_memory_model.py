@@ -85,3 +85,24 @@ def test_op_scratch_is_what_the_allocator_sees(case):
     node = _traced_op(fn, *args)
     measured = measure_peak_bytes(lambda: fn(*args))
     assert measured - scores.nbytes == workspace_bytes(node) > 0
+
+
+@pytest.mark.parametrize("case", [
+    (torch.float32, lambda x: torch.ops.aten.mul.Tensor(x, 0.5)),     # 8 + 4
+    (torch.float64, lambda x: torch.ops.aten.add.Tensor(x, 1)),       # 8 + 8
+    (torch.int64, lambda x: torch.ops.aten.ne.Scalar(x, 0)),          # 8
+    (torch.bfloat16, lambda x: torch.ops.aten.rsub.Scalar(x, 1.0)),   # 8 + 2
+    (torch.bool, lambda x: torch.ops.aten.mul.Tensor(x, 0.5)),        # the mask as floats too
+], ids=["mul_float32", "add_float64_int", "ne_int64", "rsub_bfloat16", "mul_bool"])
+def test_a_python_number_operand_is_scratch_the_allocator_sees(case):
+    """An elementwise op given a Python number wraps it as a tensor and
+    converts it (and tensors of another dtype) to the dtype it computes in:
+    HF GPT-2's floor measured 12 bytes over its prediction (a ``mul`` by 0.5
+    at the peak) before the memory model counted it."""
+    from fxckpt.memory import workspace_bytes
+    torch.set_num_threads(1)
+    dtype, fn = case
+    x = (torch.rand(64, 64) * 10).to(dtype)
+    node = _traced_op(fn, x)
+    measured = measure_peak_bytes(lambda: fn(x))
+    assert measured - fn(x).untyped_storage().nbytes() == workspace_bytes(node) > 0
