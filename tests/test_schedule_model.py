@@ -255,3 +255,68 @@ def test_hf_llama_is_planned_with_one_real_rewrite():
         pipeline.rewrite_orders = saved
     assert len(calls) == 1
     assert planner.plans[0].peak_bytes == planner.frontiers_seen[0][0][0]
+
+
+class _WithTensorConstant(torch.nn.Module):
+    """``torch.tensor(...)`` inside forward: a tensor constant in the joint
+    graph (get_attr, read by lift_fresh_copy), as HF T5's has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.tanh(self.fc1(x)) * torch.tensor(3.0)
+        y = torch.nn.functional.dropout(y, 0.2, training=True)
+        return torch.relu(self.fc2(y)).pow(2).sum()
+
+
+def test_tensor_constant_is_covered():
+    """A graph with a tensor constant was not covered (schedule.build gave
+    None), so every frontier candidate was rewritten for real: 40 rewrites,
+    85 s, for the floor of a 2-layer tiny HF T5. The constant is an op
+    without inputs, which AOTAutograd copies into each graph that reads it:
+    the model's peaks are the rewrite's, and planning rewrites once."""
+    import fxckpt.pipeline as pipeline
+    from fxckpt.bench.ways import Step
+
+    torch.manual_seed(0)
+    joint, joint_inputs, kwargs = capture_joint(
+        Step(_WithTensorConstant(), lambda y: y), (torch.randn(4, 8, requires_grad=True),))
+    assert any(n.op == "get_attr" for n in joint.graph.nodes)
+    num_fwd_outputs = kwargs["num_fwd_outputs"]
+    planner = Planner(Options.create(compiler="eager"))
+    profile, tags, _ = planner._analyse(joint, num_fwd_outputs,
+                                        kwargs.get("static_lifetime_input_indices"),
+                                        PhaseClock())
+    deduped = deduplicated(joint)
+    for sinks in (False, True):
+        model = schedule.build(deduped, profile, num_fwd_outputs=num_fwd_outputs, sinks=sinks)
+        assert model is not None
+        checked = 0
+        for bits in range(12):
+            decision = random_decision(profile, bits)
+            try:
+                verify_decision(profile, tags, decision)
+            except PlanError:
+                continue
+            real = min(simulate(r.forward.graph, r.backward.graph).peak_bytes
+                       for r in rewrite_orders(deduped, profile, decision,
+                                               num_fwd_outputs=num_fwd_outputs,
+                                               orders=(False, True) if sinks else (False,)))
+            assert model.peak(decision).peak_bytes == real
+            checked += 1
+        assert checked
+    calls = []
+    original = pipeline.rewrite_orders
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return original(*args, **kw)
+    pipeline.rewrite_orders = counted
+    try:
+        planner = Planner(Options.create(compiler="eager", budget=0.0))
+        planner(joint, joint_inputs, **kwargs)
+    finally:
+        pipeline.rewrite_orders = original
+    assert len(calls) == 1

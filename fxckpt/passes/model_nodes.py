@@ -49,7 +49,8 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
                ) -> JointRead | None:
     """The records of ``joint`` (the graph ``rewrite`` is given), or None
     for a graph the model does not cover (several devices, in-place ops,
-    placeholders other than primals and tangents)."""
+    placeholders other than primals and tangents). Tensor constants
+    (get_attr) are ops without inputs."""
     graph = joint.graph
     nodes = [n for n in graph.nodes if n.op != "output"]
     index = {n: i for i, n in enumerate(nodes)}
@@ -90,6 +91,11 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         target = node.target
         if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
             return None
+    elif node.op == "get_attr":
+        # A tensor constant (HF T5's): AOTAutograd's extraction copies it
+        # into each graph, at its place, as it does an op with no inputs;
+        # dead-code elimination drops it where unread.
+        kind = "op"
     else:
         return None
     info = profile.nodes.get(node.name)
