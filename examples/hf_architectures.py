@@ -1,0 +1,190 @@
+"""fxckpt's promises on Hugging Face architectures the test zoo does not
+hold, built from tiny configurations (no weights), measured side by side in
+one process per model:
+
+    python examples/hf_architectures.py qwen2,mistral,gpt_neox,opt,phi,gemma,gemma2,falcon,bert,t5 eager
+    python examples/hf_architectures.py qwen2,falcon,bert inductor
+
+For each model: loss and every gradient of two steps against eager PyTorch
+(against torch.compile(inductor) without fxckpt under compiler="inductor"),
+for the default plan, budget=0.5, the floor a BudgetError names, and a byte
+budget halfway between the floor and the default plan's measured peak; the
+measured peak of the second step against each byte budget (the promise);
+under compiler="eager" also torch.compile(aot_eager) with
+torch.utils.checkpoint around each block, against fxckpt's floor and
+fxckpt's solver="per_block". Sequence length: FXSEQ (default 128).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+import fxckpt
+from fxckpt.bench.measure import measure_peak_bytes
+from fxckpt.errors import BudgetError
+
+SEQ = int(os.environ.get("FXSEQ", "128"))
+V = 128
+
+
+class HFWrap(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels)
+
+
+def _causal(config, model_class, attn="sdpa", loss_type="ForCausalLM", **kw):
+    def make():
+        import transformers as T
+        torch.manual_seed(0)
+        model = getattr(T, model_class)._from_config(getattr(T, config)(**kw),
+                                                      attn_implementation=attn)
+        if loss_type:
+            model.loss_type = loss_type
+        ids = torch.randint(0, V, (2, SEQ))
+        return HFWrap(model).train(), (ids, ids.clone()), lambda out: out.loss
+    return make
+
+
+def blocks_of(model):
+    """The ModuleLists whose blocks torch's per-block checkpoint wraps."""
+    inner = model.model
+    name = type(inner).__name__
+    if name.startswith("T5"):
+        return [inner.encoder.block, inner.decoder.block]
+    if name.startswith("Bert"):
+        return [inner.bert.encoder.layer]
+    return [next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1)]
+
+
+COMMON = dict(vocab_size=V, use_cache=False)
+
+MODELS = {
+    "qwen2": _causal("Qwen2Config", "Qwen2ForCausalLM", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=SEQ, attention_dropout=0.1, **COMMON),
+    "mistral": _causal("MistralConfig", "MistralForCausalLM", hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=SEQ, attention_dropout=0.1, sliding_window=64,
+                       head_dim=16, **COMMON),
+    "gpt_neox": _causal("GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=SEQ,
+                        attention_dropout=0.1, hidden_dropout=0.1, rotary_pct=0.25, **COMMON),
+    "opt": _causal("OPTConfig", "OPTForCausalLM", hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                   num_attention_heads=4, max_position_embeddings=SEQ, dropout=0.1,
+                   attention_dropout=0.1, word_embed_proj_dim=64, pad_token_id=1,
+                   bos_token_id=2, eos_token_id=2, **COMMON),
+    "phi": _causal("PhiConfig", "PhiForCausalLM", hidden_size=64, intermediate_size=128,
+                   num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=SEQ,
+                   resid_pdrop=0.1, embd_pdrop=0.1, attention_dropout=0.1, partial_rotary_factor=0.5,
+                   **COMMON),
+    "gemma": _causal("GemmaConfig", "GemmaForCausalLM", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                     max_position_embeddings=SEQ, attention_dropout=0.1, **COMMON),
+    "gemma2": _causal("Gemma2Config", "Gemma2ForCausalLM", attn="eager", hidden_size=64,
+                      intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=SEQ,
+                      attention_dropout=0.1, sliding_window=64, **COMMON),
+    "falcon": _causal("FalconConfig", "FalconForCausalLM", hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, hidden_dropout=0.1, attention_dropout=0.1,
+                      new_decoder_architecture=False, multi_query=True, parallel_attn=True,
+                      bias=False, alibi=False, max_position_embeddings=SEQ, **COMMON),
+    "bert": _causal("BertConfig", "BertForMaskedLM", loss_type=None, hidden_size=64,
+                    intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=SEQ, hidden_dropout_prob=0.1,
+                    attention_probs_dropout_prob=0.1, vocab_size=V),
+    "t5": _causal("T5Config", "T5ForConditionalGeneration", attn="eager", loss_type=None,
+                  d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+                  dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, **COMMON),
+}
+
+
+def run(make, backend, *, torch_checkpoint=False):
+    """Two steps of a fresh model; (losses, gradients, measured peak of the second)."""
+    torch._dynamo.reset()
+    model, inputs, loss_fn = make()
+    if torch_checkpoint:
+        for blocks in blocks_of(model):
+            for block in blocks:
+                block.forward = functools.partial(
+                    lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), block.forward)
+    compiled = model if backend is None else torch.compile(model, backend=backend)
+    losses, grads = [], []
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = loss_fn(compiled(*inputs))
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+
+    step()
+    peak = measure_peak_bytes(step)
+    return losses, grads, peak
+
+
+def difference(ref, got) -> float:
+    """0.0 where losses and gradients are bitwise equal, else the largest
+    absolute difference (inf where the sets of gradients differ)."""
+    pairs = list(zip(ref[0], got[0]))
+    for a, b in zip(ref[1], got[1]):
+        if len(a) != len(b):
+            return float("inf")
+        pairs += list(zip(a, b))
+    if all(torch.equal(a, b) for a, b in pairs):
+        return 0.0
+    return max(float((a - b).abs().max()) for a, b in pairs)
+
+
+def floor_of(make, compiler) -> int:
+    torch._dynamo.reset()
+    model, inputs, _ = make()
+    try:
+        fxckpt.explain(model, *inputs, budget=1, compiler=compiler)
+    except BudgetError as refused:
+        return refused.floor_bytes
+    raise RuntimeError("a budget of one byte was met")
+
+
+def check(name: str, compiler: str) -> None:
+    make = MODELS[name]
+    ref = run(make, None if compiler == "eager" else "inductor")
+    start = time.perf_counter()
+    floor = floor_of(make, compiler)
+    seconds = time.perf_counter() - start
+    default = run(make, fxckpt.backend(compiler=compiler))
+    rows = [("default", None, default), ("budget 0.5", None,
+                                         run(make, fxckpt.backend(compiler=compiler, budget=0.5)))]
+    for label, budget in (("floor", floor), ("halfway", (floor + default[2]) // 2)):
+        rows.append((label, budget, run(make, fxckpt.backend(compiler=compiler, budget=budget))))
+    parts = [f"{name} {compiler}: explain(budget=1) {seconds:.1f} s"]
+    for label, budget, got in rows:
+        kept = "" if budget is None else (f", budget {budget} B, measured/budget "
+                                          f"{got[2] / budget:.3f}{'' if got[2] <= budget else ' OVER'}")
+        parts.append(f"{label}: peak {got[2]} B, difference {difference(ref, got):.1e}{kept}")
+    if compiler == "eager":
+        torch_per_block = run(make, "aot_eager", torch_checkpoint=True)[2]
+        per_block = run(make, fxckpt.backend(compiler=compiler, solver="per_block"))[2]
+        parts.append(f"torch per-block {torch_per_block} B; floor / it "
+                     f"{rows[2][2][2] / torch_per_block:.3f}; fxckpt per_block / it "
+                     f"{per_block / torch_per_block:.3f}")
+    print("\n  ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    torch.compiler.config.force_disable_caches = True
+    names = sys.argv[1] if len(sys.argv) > 1 else "qwen2"
+    for name in names.split(","):
+        check(name, sys.argv[2] if len(sys.argv) > 2 else "eager")
