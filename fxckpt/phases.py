@@ -89,10 +89,10 @@ class Progress:
                  "budget %s)", self.graph_id, nodes, forward_values, options.solver,
                  options.budget if options.budget is not None else "none")
 
-    def counted(self, evaluate: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def counted(self, evaluate: Callable[..., Any]) -> Callable[..., Any]:
         """``evaluate``, each call counted as one candidate plan done."""
-        def evaluate_counted(decision):
-            result = evaluate(decision)
+        def evaluate_counted(decision, *args):
+            result = evaluate(decision, *args)
             self.candidates += 1
             now = time.perf_counter()
             log.debug("fxckpt: graph %d: candidate %d done", self.graph_id, self.candidates)

@@ -232,10 +232,13 @@ class Planner:
         # (sinking one node can hold its inputs across a higher point).
         orders = (False, True) if self.options.compiler == "eager" else (False,)
 
-        def evaluate(decision: Decision):
+        def evaluate(decision: Decision, only=None):
+            """``only``: the one backward order to rewrite (the schedule
+            model's lower one), rather than each of ``orders``."""
             best = None
             for rewritten in rewrite_orders(joint, profile, decision,
-                                            num_fwd_outputs=num_fwd_outputs, orders=orders):
+                                            num_fwd_outputs=num_fwd_outputs,
+                                            orders=orders if only is None else (only,)):
                 timeline = simulate(rewritten.forward.graph, rewritten.backward.graph,
                                     fused=fused)
                 if best is None or timeline.peak_bytes < best[1].peak_bytes:
@@ -375,7 +378,10 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
     for, and is taken)."""
     if not isinstance(rewritten, schedule.Simulated):
         return rewritten, timeline
-    real_rewritten, real_timeline = evaluate(decision)
+    # The schedule model replays both backward orders exactly (property-
+    # tested against the rewrite): only the lower one is rewritten.
+    order = getattr(getattr(timeline, "graph", timeline), "sink_growing", None)
+    real_rewritten, real_timeline = evaluate(decision, order)
     if real_timeline.peak_bytes > timeline.peak_bytes:
         raise _EstimateOff(what, timeline.peak_bytes, real_timeline.peak_bytes)
     return real_rewritten, real_timeline
@@ -440,8 +446,8 @@ class _StepTimeline:
 
 
 def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
-    def evaluate_step(decision: Decision):
-        rewritten, timeline = evaluate(decision)
+    def evaluate_step(decision: Decision, *only):
+        rewritten, timeline = evaluate(decision, *only)
         extra = (runs - 1) * saved_bytes_of(profile, decision, rewritten)
         return rewritten, _StepTimeline(timeline.peak_bytes + extra, timeline.peak_at, timeline)
     return evaluate_step

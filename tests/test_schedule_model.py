@@ -232,8 +232,9 @@ def test_hf_llama_is_planned_with_one_real_rewrite():
     (the rotary tables' products the gradient reads): plans whose copies read
     them were rewritten for real, one by one (36 rewrites for the tiny
     model's frontier). The model follows the rewrite's moving them up, so
-    only the plan chosen is rewritten, and its real peak is the model's
-    (a higher one would plan again with every candidate rewritten)."""
+    only the plan chosen is rewritten (in the backward order the model
+    found lower), and its real peak is the model's (a higher one would plan
+    again with every candidate rewritten)."""
     pytest.importorskip("transformers")
     import fxckpt.pipeline as pipeline
     from fxckpt.bench.ways import Step
@@ -245,7 +246,7 @@ def test_hf_llama_is_planned_with_one_real_rewrite():
     original = pipeline.rewrite_orders
 
     def counted(*args, **kw):
-        calls.append(1)
+        calls.append(kw["orders"])
         return original(*args, **kw)
     pipeline.rewrite_orders, saved = counted, pipeline.rewrite_orders
     try:
@@ -253,7 +254,8 @@ def test_hf_llama_is_planned_with_one_real_rewrite():
         planner(joint, joint_inputs, **kwargs)
     finally:
         pipeline.rewrite_orders = saved
-    assert len(calls) == 1
+    # One rewrite, in the one backward order the model found lower.
+    assert len(calls) == 1 and len(calls[0]) == 1
     assert planner.plans[0].peak_bytes == planner.frontiers_seen[0][0][0]
 
 

@@ -49,6 +49,7 @@ class ModelTimeline:
     peak_bytes: int
     peak_at: str
     fused: bool = False
+    sink_growing: bool | None = None   # the backward order that peaks lower
 
 
 @dataclass
@@ -135,8 +136,8 @@ class ScheduleModel:
                   walk, "forward", set(primals), pairs)
         for p in placeholders:
             self._allocate(p, walk)
-        best = None
-        for bwd, _, after in orders:
+        best, sink = None, None
+        for (bwd, _, after), order in zip(orders, self.orders):
             walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
@@ -144,8 +145,8 @@ class ScheduleModel:
             self._run(sequence, inputs, self._refs(outputs + tangents), walked, "backward",
                       set(placeholders), set())
             if best is None or walked.peak < best.peak:
-                best = walked
-        return ModelTimeline(best.peak, best.peak_at)
+                best, sink = walked, order
+        return ModelTimeline(best.peak, best.peak_at, sink_growing=sink)
 
     # --- the rewrite, replayed ---------------------------------------------
 
