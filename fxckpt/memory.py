@@ -140,7 +140,7 @@ def _realized_on_reuse(node: fx.Node, ops: frozenset, reads: frozenset) -> bool:
         # stores the value once for both (seen in its CPU kernels for
         # layer norm's input).
         return True
-    if _device(node) == "cpu" and any(op.split(".")[0] in _HEAVY_ON_CPU for op in ops):
+    if device_type(node) == "cpu" and any(op.split(".")[0] in _HEAVY_ON_CPU for op in ops):
         return True
     opcount = config.realize_opcount_threshold or 30
     return len(ops) > opcount or len(reads) > config.realize_reads_threshold
@@ -181,7 +181,7 @@ class _Walk:
             # Host memory, here and where backward reads it as an input.
             self.not_counted.update(ref for ref, _ in self.storages(node))
             return
-        if _device(node) not in (self.device, ""):
+        if device_type(node) not in (self.device, ""):
             return
         for ref, nbytes in self.storages(node):
             if ref not in self.live and ref not in self.not_counted:
@@ -230,7 +230,7 @@ def workspace_bytes(node: fx.Node) -> int:
     """
     if node.target is _aten._safe_softmax.default:
         return _safe_softmax_scratch(node)
-    if _device(node) != "cpu":
+    if device_type(node) != "cpu":
         return 0
     target, args, extra = node.target, node.args, 0
     if target is run_with_rng_state:
@@ -343,14 +343,14 @@ def storage_key(t: torch.Tensor) -> int | None:
 
 def tensor_bytes(val) -> int:
     """Bytes of the tensors in ``val`` (a tensor or a structure of them)."""
-    return sum(concrete(v.numel()) * v.element_size() for v in pytree.tree_leaves(val)
+    return sum(concrete(v.numel()) * v.element_size() for v in _leaves(val)
                if isinstance(v, torch.Tensor))
 
 
 def _compute_device(graph: fx.Graph) -> str:
     """The accelerator a graph runs on, or "cpu"."""
     for node in graph.nodes:
-        device = _device(node)
+        device = device_type(node)
         if device not in ("", "cpu"):
             return device
     return "cpu"
@@ -364,8 +364,14 @@ def _output_bytes(node: fx.Node) -> int:
     return tensor_bytes(val)
 
 
-def _device(node: fx.Node) -> str:
-    for v in pytree.tree_leaves(node.meta.get("val")):
+def _leaves(val) -> list:
+    """``val``'s leaves (a tensor is its own: the common case, without pytree)."""
+    return [val] if isinstance(val, torch.Tensor) else pytree.tree_leaves(val)
+
+
+def device_type(node: fx.Node) -> str:
+    """The device type of the first tensor ``node`` makes ("" for none)."""
+    for v in _leaves(node.meta.get("val")):
         if isinstance(v, torch.Tensor):
             return v.device.type
     return ""
@@ -373,7 +379,7 @@ def _device(node: fx.Node) -> str:
 
 def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     found = []
-    for val in pytree.tree_leaves(node.meta.get("val")):
+    for val in _leaves(node.meta.get("val")):
         if isinstance(val, torch.Tensor):
             storage = val.untyped_storage()
             found.append((StorageWeakRef(storage), concrete(storage.nbytes())))

@@ -11,7 +11,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.memory import StorageMemo, allocated_bytes, grows_memory, workspace_bytes
+from fxckpt.memory import (StorageMemo, allocated_bytes, device_type, grows_memory,
+                           workspace_bytes)
 from fxckpt.ops import random_op_device
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.types import BACKWARD, Profile
@@ -55,7 +56,7 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     nodes = [n for n in graph.nodes if n.op != "output"]
     index = {n: i for i, n in enumerate(nodes)}
     storages = StorageMemo()
-    devices = {_device(n) for n in nodes} - {""}
+    devices = {device_type(n) for n in nodes} - {""}
     if len(devices) > 1:
         return None
     device = devices.pop() if devices else "cpu"
@@ -105,7 +106,7 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
         storages=own, workspace=workspace_bytes(node),
         aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
-        counted=_device(node) in (device, ""),
+        counted=device_type(node) in (device, ""),
         impure=kind == "op" and node.is_impure(),
         side_effect=kind == "op" and node.is_impure(impure_random=False),
         backward=info is not None and info.phase == BACKWARD,
@@ -137,8 +138,3 @@ def rng_calls_impure() -> tuple[bool, bool]:
             graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
 
 
-def _device(node: fx.Node) -> str:
-    for v in pytree.tree_leaves(node.meta.get("val")):
-        if isinstance(v, torch.Tensor):
-            return v.device.type
-    return ""

@@ -61,10 +61,12 @@ def needs_of(problem: Problem, users: list[list[int]], i: int,
              starts: dict[int, list[int]]) -> list[int]:
     """The backward steps needing value ``i``, ascending, given the copy
     starts of its recomputed readers ``users[i]``."""
-    parts = [problem.lifetimes.reads[i]] + [starts[u] for u in users[i] if u in starts]
-    if len(parts) == 1:
-        return parts[0].tolist()  # ascending and distinct already
-    return np.unique(np.concatenate(parts).astype(np.int64)).tolist()
+    direct = problem.lifetimes.reads[i].tolist()  # ascending and distinct already
+    later = [starts[u] for u in users[i] if u in starts]
+    if not later:
+        return direct
+    # Short lists: sets beat numpy's unique here (called once per value).
+    return sorted(set(direct).union(*later))
 
 
 def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]]:
@@ -72,7 +74,7 @@ def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]
     users: list[list[int]] = [[] for _ in range(problem.n)]
     for i, parents in enumerate(problem.parents):
         if recomputed[i]:
-            for j in np.unique(parents):
+            for j in dict.fromkeys(parents.tolist()):
                 users[j].append(i)
     return users
 
@@ -80,7 +82,4 @@ def recomputed_users(problem: Problem, recomputed: np.ndarray) -> list[list[int]
 def _grouped(needs: list[int], gap: float) -> list[int]:
     """The needs that begin a new copy: the first, and each more than
     ``gap`` after the need before it."""
-    if len(needs) < 2:
-        return list(needs)
-    steps = np.asarray(needs)
-    return steps[np.concatenate(([True], np.diff(steps) > gap))].tolist()
+    return [step for k, step in enumerate(needs) if k == 0 or step - needs[k - 1] > gap]
