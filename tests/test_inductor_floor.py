@@ -100,19 +100,34 @@ def torch_caches(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_recompile_served_from_caches_runs_the_plan_that_fitted(reset_dynamo, torch_caches):
+def test_a_recompile_served_from_caches_runs_the_plan_that_fitted(reset_dynamo, torch_caches,
+                                                                   monkeypatch):
     """When no plan made for a byte budget compiles within it but the
     runtime-optimal plan does, that compile is kept. A later compile of the
     same graph (another process, or after a reset) is served from torch's
     caches: it must get that compile's code, not that of an attempt thrown
     away for peaking over the budget (zoo cnn_bn: it measured 141,352 bytes
-    against a budget of 137,936 before)."""
+    against a budget of 137,936 before). Since stop 26 the plans made for
+    cnn_bn's budget compile within it (102,440 bytes), so here every
+    attempt at a plan made for the budget is reported over it, as Inductor's
+    code for them was then."""
+    import fxckpt.capture as capture
+
     torch.set_num_threads(1)
     default, _ = _budgeted_step_peak("cnn_bn", None)
     budget = default[0].peak_bytes           # the runtime-optimal plan's compiled peak
+    attempt = capture._attempt
+
+    def over_unless_runtime_optimal(gm, example_inputs, planner, uuid, mark):
+        compiled, over = attempt(gm, example_inputs, planner, uuid, mark)
+        return compiled, over if planner.without_budget else max(over, 1)
+
+    monkeypatch.setattr(capture, "_attempt", over_unless_runtime_optimal)
+    monkeypatch.setattr(capture, "_ATTEMPTS", 1)
     first, first_peak = _budgeted_step_peak("cnn_bn", budget)
     assert any("runtime-optimal plan: its compiled code meets the budget" in note
                for note in first[0].notes), first[0].notes
+    monkeypatch.setattr(capture, "_attempt", attempt)
     again, again_peak = _budgeted_step_peak("cnn_bn", budget)
     assert again[0].fingerprint == first[0].fingerprint
     assert first_peak <= budget and again_peak <= budget, (first_peak, again_peak, budget)
