@@ -291,13 +291,12 @@ _aten = torch.ops.aten
 _REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.prod,
                          _aten.var_mean, _aten.var, _aten.max, _aten.min,
                          _aten.argmax, _aten.argmin, _aten.any, _aten.all})
-# op -> which tensors' bytes the scratch equals (-1: the op's output).
 # Elementwise ops that wrap a Python number operand as a tensor on CPU.
 _WRAPS_NUMBERS = frozenset({
     _aten.add, _aten.sub, _aten.rsub, _aten.mul, _aten.div, _aten.remainder, _aten.fmod,
     _aten.floor_divide, _aten.eq, _aten.ne, _aten.lt, _aten.le, _aten.gt, _aten.ge,
     _aten.bitwise_and, _aten.bitwise_or, _aten.bitwise_xor, _aten.xlogy, _aten.copysign})
-
+# op -> which tensors' bytes the scratch equals (-1: the op's output).
 _WORKSPACE = {
     _aten.native_dropout: (0,),
     _aten.convolution: (-1,),

@@ -136,5 +136,3 @@ def rng_calls_impure() -> tuple[bool, bool]:
     op = torch.ops.aten.rand.default
     return (graph.call_function(run_with_rng_state, (state, op, [1])).is_impure(),
             graph.call_function(run_and_save_rng_state, (op, [1])).is_impure())
-
-

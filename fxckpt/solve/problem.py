@@ -157,8 +157,7 @@ class Problem:
         if self.lifetimes is None or self.through is None:
             return self
         through = self.through | recomputed
-        rows = self.lifetimes.recompute_rows(self.parents, through)
-        saved = self.lifetimes.saved_rows(self.parents, through, self.stage_saved)
+        rows, saved = self.lifetimes.rows(self.parents, through, self.stage_saved)
         return replace(self, stage_recomputed=rows, stage_saved=saved, through=through)
 
     def recompute_cost(self, recomputed: np.ndarray) -> float:
@@ -316,9 +315,8 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
     # Until a plan says otherwise, guess that values a default tag would
     # recompute (views, pointwise) are the ones recomputed chains run through.
     stages["through"] = hint_recompute | ~can_save
-    stages["stage_recomputed"] = stages["lifetimes"].recompute_rows(parents, stages["through"])
-    stages["stage_saved"] = stages["lifetimes"].saved_rows(parents, stages["through"],
-                                                           stages["stage_saved"])
+    stages["stage_recomputed"], stages["stage_saved"] = stages["lifetimes"].rows(
+        parents, stages["through"], stages["stage_saved"])
     return Problem(names=names, parents=parents, size=size, cost=cost, replay=replay,
                    needed=needed, can_save=can_save, can_recompute=can_recompute,
                    prefer_save=prefer_save, prefer_recompute=prefer_recompute,
@@ -458,9 +456,16 @@ class Lifetimes:
                     first_need[j] = min(first_need[j], first_need[i])
         return first_need
 
-    def recompute_rows(self, parents, through: np.ndarray) -> np.ndarray:
-        n = len(self.first_bwd)
+    def rows(self, parents, through: np.ndarray, stage_saved: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """(stage_recomputed, stage_saved) given which values recompute
+        chains run through; ``stage_saved``'s forward rows are kept."""
         first_need = self.first_need(parents, through)
+        return (self._recompute_rows(first_need.copy()),
+                self._saved_rows(first_need, parents, through, stage_saved))
+
+    def _recompute_rows(self, first_need: np.ndarray) -> np.ndarray:
+        n = len(self.first_bwd)
         for i in range(n):
             o = self.owner[i]
             first_need[o] = min(first_need[o], first_need[i])
@@ -470,13 +475,13 @@ class Lifetimes:
                 else np.zeros(n, dtype=bool) for t in self.stages]
         return np.array(rows, dtype=float).reshape(len(self.stages), n)
 
-    def saved_rows(self, parents, through: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """``rows`` (stage_saved) with backward stages where a saved value is
-        held until the last recompute in ``through`` that reads it is made
-        (at that recompute's first need), where that is after backward's
-        last direct read of its storage."""
+    def _saved_rows(self, first_need: np.ndarray, parents, through: np.ndarray,
+                    rows: np.ndarray) -> np.ndarray:
+        """``rows`` with backward stages where a saved value is held until
+        the last recompute in ``through`` that reads it is made (at that
+        recompute's first need), where that is after backward's last direct
+        read of its storage."""
         n = len(self.first_bwd)
-        first_need = self.first_need(parents, through)
         read_by_copy = np.full(n, -1)
         for i in range(n):
             if through[i] and first_need[i] < self.steps:
