@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 import fxckpt
 import fxckpt.solve.frontier as frontier
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.errors import BudgetError
+from fxckpt.bench.run import floor_bytes
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import zoo  # noqa: E402
@@ -86,11 +86,10 @@ def measured(make, backend, *, torch_checkpoint=False) -> int:
 def floor(make, compiler) -> int:
     torch._dynamo.reset()
     model, inputs, _ = make()
-    try:
-        fxckpt.explain(model, *inputs, budget=1, compiler=compiler)
-    except BudgetError as refused:
-        return refused.floor_bytes
-    raise RuntimeError("a budget of one byte was met")
+    floor = floor_bytes(model, inputs, compiler=compiler)
+    if floor is None:
+        raise RuntimeError("a budget of one byte was met")
+    return floor
 
 
 def main(names: str, compiler: str) -> None:

@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.errors import BudgetError
+from fxckpt.bench.run import floor_bytes
 
 SEQ = int(os.environ.get("FXSEQ", "128"))
 V = 128
@@ -147,22 +147,15 @@ def difference(ref, got) -> float:
     return max(float((a - b).abs().max()) for a, b in pairs)
 
 
-def floor_of(make, compiler) -> int:
-    torch._dynamo.reset()
-    model, inputs, _ = make()
-    try:
-        fxckpt.explain(model, *inputs, budget=1, compiler=compiler)
-    except BudgetError as refused:
-        return refused.floor_bytes
-    raise RuntimeError("a budget of one byte was met")
-
-
 def check(name: str, compiler: str) -> None:
     make = MODELS[name]
     ref = run(make, None if compiler == "eager" else "inductor")
+    torch._dynamo.reset()
+    model, inputs, _ = make()
     start = time.perf_counter()
-    floor = floor_of(make, compiler)
+    floor = floor_bytes(model, inputs, compiler=compiler)   # None: one byte was met
     seconds = time.perf_counter() - start
+    assert floor is not None, f"{name}: a budget of one byte was met"
     default = run(make, fxckpt.backend(compiler=compiler))
     rows = [("default", None, default), ("budget 0.5", None,
                                          run(make, fxckpt.backend(compiler=compiler, budget=0.5)))]

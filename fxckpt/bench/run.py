@@ -294,12 +294,13 @@ def floor_verdict(rows: dict[str, dict]) -> dict:
                        "lowest measured peak"}
 
 
-def floor_bytes(step: torch.nn.Module, inputs) -> int | None:
-    """fxckpt's floor, as BudgetError names it at a 1-byte budget."""
+def floor_bytes(step: torch.nn.Module, inputs, *, compiler: str = "eager") -> int | None:
+    """fxckpt's floor, as BudgetError names it at a 1-byte budget (None
+    where that budget is met)."""
     from fxckpt.entry.explain import explain
 
     try:
-        explain(step, *inputs, budget=1, compiler="eager")
+        explain(step, *inputs, budget=1, compiler=compiler)
     except BudgetError as error:
         return error.floor_bytes
     return None
