@@ -109,38 +109,58 @@ def inlined_by_inductor(graph: fx.Graph) -> set[fx.Node]:
     peak is therefore read from the code Inductor generated for it
     (fxckpt/compiled_peak.py); this model ranks candidate plans."""
     outputs = set(graph.output_node().all_input_nodes)
-    inlined: set[fx.Node] = set()
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    return inlined_keys(
+        nodes, inputs=lambda n: n.all_input_nodes,
+        users=lambda n: [u for u in n.users if u.op != "output"], outputs=outputs,
+        fuses=fuses, reduction=is_reduction, op=lambda n: n.target.__name__,
+        cpu=lambda n: device_type(n) == "cpu")
+
+
+def inlined_keys(order, *, inputs, users, outputs, fuses, reduction, op, cpu) -> set:
+    """``inlined_by_inductor``'s rule over any graph: ``order`` its nodes
+    (any hashable keys) in order, ``inputs(k)`` the distinct nodes k reads,
+    ``users(k)`` the distinct nodes reading k (not the output), ``outputs``
+    what the graph returns, ``fuses(k)``/``reduction(k)`` as ``fuses`` and
+    ``is_reduction`` say of k's op, ``op(k)`` its op's name, ``cpu(k)``
+    whether it runs on the CPU. The schedule model (passes/schedule.py)
+    calls it on the node sequences it replays, so both models inline
+    alike."""
+    inlined: set = set()
     # What each pointwise node's inlined code is made of: op names and the
     # buffers it reads.
-    code: dict[fx.Node, tuple[frozenset, frozenset]] = {}
-    for node in graph.nodes:
-        if not _fuses(node):
+    code: dict = {}
+    for node in order:
+        if not fuses(node):
             continue
-        ops, reads = {node.target.__name__}, set()
-        for arg in node.all_input_nodes:
+        ops, reads = {op(node)}, set()
+        for arg in inputs(node):
             if arg in inlined:
                 ops |= code[arg][0]
                 reads |= code[arg][1]
             else:
                 reads.add(arg)
         code[node] = (frozenset(ops), frozenset(reads))
-        readers_fuse = all(_fuses(user) or _is_reduction(user) for user in node.users)
-        if node in outputs or not node.users or not readers_fuse:
+        readers = users(node)
+        if node in outputs or not readers \
+                or not all(fuses(user) or reduction(user) for user in readers):
             continue
-        if len(node.users) == 1 or not _realized_on_reuse(node, *code[node]):
+        if len(readers) == 1 or not _realized_on_reuse(
+                any(reduction(user) for user in readers), cpu(node), *code[node]):
             inlined.add(node)
     return inlined
 
 
-def _realized_on_reuse(node: fx.Node, ops: frozenset, reads: frozenset) -> bool:
+def _realized_on_reuse(read_by_reduction: bool, on_cpu: bool, ops: frozenset,
+                       reads: frozenset) -> bool:
     from torch._inductor import config
 
-    if any(_is_reduction(user) for user in node.users):
+    if read_by_reduction:
         # A reduction and a pointwise reader loop differently: Inductor
         # stores the value once for both (seen in its CPU kernels for
         # layer norm's input).
         return True
-    if device_type(node) == "cpu" and any(op.split(".")[0] in _HEAVY_ON_CPU for op in ops):
+    if on_cpu and any(op.split(".")[0] in _HEAVY_ON_CPU for op in ops):
         return True
     opcount = config.realize_opcount_threshold or 30
     return len(ops) > opcount or len(reads) > config.realize_reads_threshold
@@ -150,14 +170,15 @@ def _realized_on_reuse(node: fx.Node, ops: frozenset, reads: frozenset) -> bool:
 _HEAVY_ON_CPU = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
 
-def _fuses(node: fx.Node) -> bool:
+def fuses(node: fx.Node) -> bool:
+    """Inductor lowers the op to pointwise code it can inline."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
     return torch.Tag.pointwise in target.tags or target.__name__ in _INDUCTOR_POINTWISE
 
 
-def _is_reduction(node: fx.Node) -> bool:
+def is_reduction(node: fx.Node) -> bool:
     return getattr(node.target, "overloadpacket", None) in _REDUCTIONS
 
 

@@ -11,8 +11,8 @@ rules, in both backward orders under compiler="eager"), each distinct plan
 once. Only the plan that runs is rewritten, and its real simulation must
 not peak above the model's, or the frontier is built again with every
 candidate rewritten; a BudgetError's floor plan is checked the same way.
-Plans the model does not cover (offload, Inductor's fused model) are always
-rewritten."""
+Under Inductor the model simulates as memory.py's fused model does. Plans
+the model does not cover (offload) are always rewritten."""
 
 from __future__ import annotations
 
@@ -246,9 +246,9 @@ class Planner:
             return best
 
         with clock.phase("profile"):
-            model = None if fused or self.options.budget is None or not self.estimates else \
+            model = None if self.options.budget is None or not self.estimates else \
                 schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs,
-                               sinks=len(orders) > 1)
+                               sinks=len(orders) > 1, fused=fused)
         evaluate.estimate = estimator(model, evaluate)
         return profile, tags, evaluate
 

@@ -9,6 +9,7 @@ frontier per solver answers every budget (pipeline.Frontier.select)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -26,23 +27,30 @@ from fxckpt.pipeline import Frontier, FrontierPlanner, Planner
 BUDGET_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-class JointRecorder:
+class JointRecorder(Planner):
     """A partition function that keeps the joint graph and the arguments
     AOTAutograd passed, and partitions with fxckpt's runtime-optimal plan."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiler: str = "eager") -> None:
+        super().__init__(Options.create(compiler=compiler))
         self.calls: list[tuple] = []
-        self.options = Options.create(compiler="eager")
 
     def __call__(self, joint, joint_inputs, **kwargs):
         self.calls.append((joint, joint_inputs, kwargs))
-        return Planner(self.options)(joint, joint_inputs, **kwargs)
+        return super().__call__(joint, joint_inputs, **kwargs)
 
 
-def capture_joint(step: torch.nn.Module, inputs) -> tuple:
-    """(joint graph, joint inputs, partition kwargs) of ``step``'s one graph."""
-    recorder = JointRecorder()
-    capture_once(step, inputs, lambda gm, example: compile_planned(gm, example, recorder))
+def capture_joint(step: torch.nn.Module, inputs, *, compiler: str = "eager") -> tuple:
+    """(joint graph, joint inputs, partition kwargs) of ``step``'s one graph,
+    as ``compiler`` gives it to the partitioner (under Inductor: after its
+    decompositions and joint-graph passes; caches are off while it compiles,
+    so that the partitioner is called)."""
+    recorder = JointRecorder(compiler)
+    uncached = torch.compiler.config.patch(force_disable_caches=True) \
+        if compiler == "inductor" else contextlib.nullcontext()
+    with uncached:
+        capture_once(step, inputs,
+                     lambda gm, example: compile_planned(gm, example, recorder))
     if len(recorder.calls) != 1:
         raise RuntimeError(f"expected one graph, captured {len(recorder.calls)}")
     return recorder.calls[0]

@@ -11,8 +11,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.memory import (StorageMemo, allocated_bytes, device_type, grows_memory,
-                           workspace_bytes)
+from fxckpt.memory import (StorageMemo, allocated_bytes, device_type, fuses, grows_memory,
+                           is_reduction, workspace_bytes)
 from fxckpt.ops import random_op_device
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.types import BACKWARD, Profile
@@ -36,6 +36,12 @@ class ModelNode:
     state_bytes: int = 0            # generator state, if it is random
     grows: bool = False             # allocates more than its inputs hold (memory.grows_memory)
     allocates: bool = True          # makes a storage of its own (not only views)
+    # What Inductor's inlining reads of the op (memory.inlined_keys): it
+    # lowers to pointwise code, it is a reduction, its name, on the CPU.
+    fuses: bool = False
+    reduction: bool = False
+    op: str = ""
+    cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,8 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
     return ModelNode(
         name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
         storages=own, workspace=workspace_bytes(node),
-        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes]),
+        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes],
+                         _schema_view_of(node)),
         counted=device_type(node) in (device, ""),
         impure=kind == "op" and node.is_impure(),
         side_effect=kind == "op" and node.is_impure(impure_random=False),
@@ -113,17 +120,45 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         getitem=node.target is operator.getitem,
         state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
         grows=kind == "op" and grows_memory(node),
-        allocates=kind == "op" and allocated_bytes(node) > 0)
+        allocates=kind == "op" and allocated_bytes(node) > 0,
+        fuses=fuses(node), reduction=is_reduction(node),
+        op=getattr(node.target, "__name__", "") if kind == "op" else "",
+        cpu=device_type(node) == "cpu")
 
 
-def _aliases(own: tuple, inputs: list) -> tuple:
+def _aliases(own: tuple, inputs: list, view_of: int | None = None) -> tuple:
     """For each of a node's storages, (input position, storage position) of
-    the input storage it is, or None."""
+    the input storage it is, or None. ``view_of``: the input the op's schema
+    says its one output is a view of, for when the joint graph's metadata
+    does not show it (Inductor's joint passes can give a view, such as the
+    unsqueeze of a causal mask's iota, a storage of its own): the rewrite's
+    copies get their metadata again, and there the view shares its input's
+    storage."""
     where = {}
     for k, found in enumerate(inputs):
         for q, (ref, _) in enumerate(found):
             where.setdefault(ref, (k, q))
-    return tuple(where.get(ref) for ref, _ in own)
+    aliases = tuple(where.get(ref) for ref, _ in own)
+    if view_of is not None and aliases == (None,) and len(inputs[view_of]) == 1:
+        return ((view_of, 0),)
+    return aliases
+
+
+def _schema_view_of(node: fx.Node) -> int | None:
+    """Position among ``node.all_input_nodes`` of the input an op with one
+    output returns a view of (by its schema's alias annotations), or None."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or len(target._schema.returns) != 1:
+        return None
+    alias = target._schema.returns[0].alias_info
+    if alias is None or alias.is_write:
+        return None
+    for argument, value in zip(target._schema.arguments, node.args):
+        info = argument.alias_info
+        if info is not None and not info.is_write and info.before_set & alias.before_set \
+                and isinstance(value, fx.Node):
+            return node.all_input_nodes.index(value)
+    return None
 
 
 def rng_calls_impure() -> tuple[bool, bool]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
+from fxckpt.memory import inlined_keys
 from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
 from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
 
@@ -65,8 +66,11 @@ class ScheduleModel:
     """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
 
     def __init__(self, nodes: list[ModelNode], fwd_outputs: list[int], bwd_outputs: list[int],
-                 first_backward: int, *, sinks: bool = False) -> None:
+                 first_backward: int, *, sinks: bool = False, fused: bool = False) -> None:
         self.nodes = nodes
+        # Inductor's inlining (memory.py's fused=True): pointwise values
+        # their readers compute in their own kernels are never allocated.
+        self.fused = fused
         # The rewrite's backward orders (rewrite.rewrite_orders): without and,
         # where ``sinks``, with growing nodes sunk; a plan peaks at the lower.
         self.orders = (False, True) if sinks else (False,)
@@ -132,21 +136,24 @@ class ScheduleModel:
         walk = _Walk()
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
-        self._run(primals + fwd, {i: self.nodes[i].inputs for i in fwd}, self._refs(kept),
-                  walk, "forward", set(primals), pairs)
+        fwd_inputs = {i: self.nodes[i].inputs for i in fwd}
+        self._run(primals + fwd, fwd_inputs, self._refs(kept), walk, "forward", set(primals),
+                  pairs, self._inlined(fwd, fwd_inputs, kept, pairs))
         for p in placeholders:
             self._allocate(p, walk)
         best, sink = None, None
+        outside = set(placeholders)
         for (bwd, _, after), order in zip(orders, self.orders):
             walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
             # Autograd holds the incoming gradients until backward returns.
+            ops = [k for k in sequence if k not in outside]
             self._run(sequence, inputs, self._refs(outputs + tangents), walked, "backward",
-                      set(placeholders), set())
+                      outside, set(), self._inlined(ops, inputs, outputs, pairs))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
-        return ModelTimeline(best.peak, best.peak_at, sink_growing=sink)
+        return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink)
 
     # --- the rewrite, replayed ---------------------------------------------
 
@@ -326,6 +333,37 @@ class ScheduleModel:
                 if (k.__class__ is tuple and replays and self.nodes[k[1]].state_bytes > 0)
                 or (k in pairs and self.pair_impure) or (k in ids and k not in pairs)]
 
+    def _inlined(self, ops: list, inputs: dict, outputs, pairs: set) -> set:
+        """The keys of one graph's ops (``ops``, in order) that Inductor
+        computes inside their readers (memory.inlined_keys, as memory.py
+        applies it to the rewritten graph), or none unless fused. A random
+        op forward runs as run_and_save_rng_state, and its copies run by
+        run_with_rng_state, are calls of their own, never inlined."""
+        if not self.fused:
+            return set()
+        nodes = self.nodes
+        within = set(ops)
+        users: dict = {}
+        for key in ops:
+            for a in inputs.get(key, ()):
+                if a in within:
+                    users.setdefault(a, []).append(key)
+
+        def node_of(key):
+            return nodes[key[1]] if key.__class__ is tuple else nodes[key]
+
+        def fuses(key):
+            if key.__class__ is tuple:
+                return key[0] != "state" and node_of(key).fuses and not node_of(key).state_bytes
+            return key not in pairs and nodes[key].fuses
+
+        return inlined_keys(
+            ops, inputs=lambda k: inputs.get(k, ()),
+            users=lambda k: users.get(k, ()), outputs=set(outputs), fuses=fuses,
+            reduction=lambda k: not (k.__class__ is tuple and k[0] == "state")
+            and node_of(k).reduction,
+            op=lambda k: node_of(k).op, cpu=lambda k: node_of(k).cpu)
+
     def _storages(self, key) -> tuple:
         if isinstance(key, tuple) and key[0] == "state":
             return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
@@ -347,10 +385,11 @@ class ScheduleModel:
                 walk.total += nbytes
 
     def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
-             placeholders: set, pairs: set) -> None:
+             placeholders: set, pairs: set, inlined: set = frozenset()) -> None:
         """memory.py's walk of one graph; ``pairs``: random nodes forward
-        runs as run_and_save_rng_state, allocating their generator state.
-        (``_allocate``, inlined: this loop is most of a candidate's time.)"""
+        runs as run_and_save_rng_state, allocating their generator state;
+        ``inlined``: keys never allocated (fused). (``_allocate``, inlined:
+        this loop is most of a candidate's time.)"""
         memo: dict = {}
         storages, own = self._storages, self.storages
 
@@ -382,7 +421,7 @@ class ScheduleModel:
         for index, key in enumerate(sequence):
             copy = key.__class__ is tuple
             node = nodes[key[1]] if copy else nodes[key]
-            if node.counted:
+            if node.counted and key not in inlined:
                 found = found_at[index]
                 if key in pairs:
                     found = found + ((-1 - key, node.state_bytes),)
@@ -467,12 +506,13 @@ def _ancestors(roots, inputs) -> set:
 
 
 def build(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int,
-          sinks: bool = False) -> ScheduleModel | None:
+          sinks: bool = False, fused: bool = False) -> ScheduleModel | None:
     """The model of ``joint`` (the graph ``rewrite`` is given), or None for
     a graph it does not cover. ``sinks``: plans are rewritten in both
-    backward orders (rewrite.rewrite_orders) and peak at the lower."""
+    backward orders (rewrite.rewrite_orders) and peak at the lower.
+    ``fused``: simulated as memory.simulate(fused=True) does (Inductor)."""
     read = read_joint(joint, profile, num_fwd_outputs=num_fwd_outputs)
     if read is None:
         return None
     return ScheduleModel(read.nodes, read.fwd_outputs, read.bwd_outputs, read.first_backward,
-                         sinks=sinks)
+                         sinks=sinks, fused=fused)
