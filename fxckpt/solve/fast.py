@@ -121,14 +121,20 @@ def _closed(problem: Problem, saved: np.ndarray):
         saved = saved | stuck
 
 
+def cut_plan(problem: Problem, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """(saved, recomputed) of the minimum cut at price ``lam`` per byte
+    saved: the cheapest plan in recompute plus ``lam`` times saved bytes
+    (generator states of random recomputes included)."""
+    saved = min_cut(problem, lam * problem.size + 1e-12,
+                    _recompute_weight(problem) + lam * problem.replay)
+    return saved, computed_in_backward(problem, saved)
+
+
 def _cut_plan(problem: Problem, budget: float):
     """The cheapest Lagrangian cut plan whose proxy peak fits the budget."""
-    recompute_weight = _recompute_weight(problem)
 
     def plan(lam: float):
-        saved = min_cut(problem, lam * problem.size + 1e-12,
-                        recompute_weight + lam * problem.replay)
-        return saved, computed_in_backward(problem, saved)
+        return cut_plan(problem, lam)
 
     low, high = 0.0, 1.0
     best = plan(high)

@@ -32,7 +32,7 @@ from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
-from fxckpt.solve.fast import solve_fast
+from fxckpt.solve.fast import cut_plan, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
@@ -50,6 +50,15 @@ _STALLS_BEFORE_STOP = 3
 _GAP_TARGETS = 4
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
+# Lagrangian cut plans: prices per byte tried (spread, then as many again
+# over the band where the plans change), and at most how many of the
+# distinct plans they give are simulated (those inside the frontier's gaps).
+_CUT_PRICES = 16
+_CUT_PLANS = 8
+_CUT_GAP = 0.99
+# Each is simulated, in time proportional to the graph: fewer on large ones
+# (8 up to 400 forward values, 2 from 1,600).
+_CUT_WORK = 3_200
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
@@ -168,6 +177,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
+    found += _cut_plans(base, candidate, found)
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
     return _non_dominated(found)
 
@@ -207,6 +217,61 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
         except Infeasible:
             continue
     return added
+
+
+def _cut_plans(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+    """Minimum-cut plans at prices per byte spread over the values' own cost
+    per byte (see fast.cut_plan): plans chosen by saved bytes, not by the
+    proxy's peak, which can be cautious about a whole family of plans. On
+    tiny HF Llama and GPT-2 they lie in gaps the proxy-guided solves left:
+    torch's own plan at activation_memory_budget=0.5, made bitwise (dropout
+    replayed from saved generator states), peaks at 130,632 B costing
+    5.75 us (GPT-2: 219,400 B, 7.74 us) where the frontier offered no plan
+    that cheap below 134,792 B (220,057 B); a cut plan gives 128,648 B at
+    5.16 us (218,248 B at 4.48 us). Only plans whose recompute cost falls
+    between two frontier plans more than 1% apart in peak are simulated,
+    widest gaps first, at most ``_CUT_PLANS`` (fewer on large graphs)."""
+    ratio = problem.cost / np.maximum(problem.size, 1.0)
+    ratio = ratio[(problem.cost > 0) & (problem.size > 0)]
+    if not len(ratio):
+        return []
+    low, high = np.quantile(ratio, [0.01, 0.99])
+    prices = list(np.geomspace(max(low, 1e-30) / 10, max(high, low, 1e-30) * 10, _CUT_PRICES))
+    cuts = {lam: cut_plan(problem, float(lam)) for lam in prices}
+    # The plans change within a narrower band of prices: as many again
+    # spread over the band.
+    saved_bytes = [float(problem.size[cuts[lam][0]].sum()) for lam in prices]
+    changes = [k for k in range(len(prices) - 1) if saved_bytes[k] != saved_bytes[k + 1]]
+    if changes:
+        band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], _CUT_PRICES + 2)[1:-1]
+        cuts.update((float(lam), cut_plan(problem, float(lam))) for lam in band)
+        prices = sorted(cuts)
+    frontier = _non_dominated(found)
+    known = {(c.decision.saved, c.decision.recomputed) for c in found}
+    masks: dict[tuple, tuple] = {}
+    for lam in sorted(prices):
+        saved, recomputed = cuts[lam]
+        key = (saved.tobytes(), recomputed.tobytes())
+        if key not in masks:
+            masks[key] = (saved, recomputed, problem.plan_cost(recomputed))
+    ranked = []
+    for saved, recomputed, cost in masks.values():
+        decision = to_decision(problem, saved, recomputed, solver="cut", seconds=0.0,
+                               gap=None, budget_bytes=None)
+        if (decision.saved, decision.recomputed) in known:
+            continue
+        known.add((decision.saved, decision.recomputed))
+        # The frontier plans either side of it in cost, and how far apart
+        # they are in peak (costlier than the lowest plan: it can only
+        # help below it, tried last).
+        cheaper = [c for c in frontier if c.cost <= cost]
+        dearer = [c for c in frontier if c.cost > cost]
+        width = cheaper[0].peak / max(dearer[-1].peak, 1) if cheaper and dearer else 1.0
+        if dearer and width < 1.0 / _CUT_GAP:
+            continue
+        ranked.append((-width, len(ranked), decision))
+    count = max(2, min(_CUT_PLANS, _CUT_WORK // max(problem.n, 1)))
+    return [candidate(decision) for _, _, decision in sorted(ranked)[:count]]
 
 
 def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
