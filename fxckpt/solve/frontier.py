@@ -54,6 +54,9 @@ _FLOOR_STEPS = 4
 # over the band where the plans change), and at most how many of the
 # distinct plans they give are simulated (those inside the frontier's gaps).
 _CUT_PRICES = 16
+# Prices over the band (fewer on large graphs: each is a minimum cut).
+_CUT_BAND = 48
+_CUT_BAND_WORK = 19_200
 _CUT_PLANS = 8
 _CUT_GAP = 0.99
 # Each is simulated, in time proportional to the graph: fewer on large ones
@@ -243,7 +246,8 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate]) -> list[Cand
     saved_bytes = [float(problem.size[cuts[lam][0]].sum()) for lam in prices]
     changes = [k for k in range(len(prices) - 1) if saved_bytes[k] != saved_bytes[k + 1]]
     if changes:
-        band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], _CUT_PRICES + 2)[1:-1]
+        count = max(_CUT_PRICES // 2, min(_CUT_BAND, _CUT_BAND_WORK // max(problem.n, 1)))
+        band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], count + 2)[1:-1]
         cuts.update((float(lam), cut_plan(problem, float(lam))) for lam in band)
         prices = sorted(cuts)
     frontier = _non_dominated(found)
