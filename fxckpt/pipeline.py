@@ -315,8 +315,7 @@ class FrontierPlanner(Planner):
         with clock.phase("solve"):
             candidates = pareto_frontier(problem, evaluate, self.options.solver,
                                          (optimal, rewritten, timeline),
-                                         again_from_seeds=self.options.compiler == "eager",
-                                         cut_plans=self.options.compiler == "eager")
+                                         again_from_seeds=self.options.compiler == "eager")
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
                                    clock=clock, graph_id=graph_id) for c in candidates)
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))
@@ -408,7 +407,7 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     # plan that is no more costly and peaks no higher.
     frontier = memo.frontier(lambda: pareto_frontier(
         problem, estimate, options.solver, (optimal, rewritten, timeline),
-        again_from_seeds=options.compiler == "eager", cut_plans=options.compiler == "eager"))
+        again_from_seeds=options.compiler == "eager"))
     # The frontier's figures are the schedule model's (exact where it covers
     # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
     # plan a BudgetError names, are rewritten for real and checked below.

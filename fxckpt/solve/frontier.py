@@ -123,16 +123,10 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
 
 
 def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
-                    *, again_from_seeds: bool = True, cut_plans: bool = True
-                    ) -> list[Candidate]:
+                    *, again_from_seeds: bool = True) -> list[Candidate]:
     """Plans on the exact peak / time cost frontier, lowest peak first.
     ``again_from_seeds``: values recomputed again start from the region
-    seeds too (not where a compiler reorders and fuses the copies: Inductor).
-    ``cut_plans``: minimum-cut plans join the candidates (``_cut_plans``;
-    not under Inductor, whose floor is read from compiled code: on a tiny
-    HF Falcon the cut plans lowered the memory model's floor to 1,694,984 B
-    but its plan compiled to 2,185,480 B, where the floor plan found
-    without them compiles to 1,994,264 B)."""
+    seeds too (not where a compiler reorders and fuses the copies: Inductor)."""
     strategy = _pick(solver, problem)
     # Strategies and targets often land on the same plan: each distinct
     # plan is rewritten and simulated once.
@@ -186,8 +180,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
-    if cut_plans:
-        found += _cut_plans(base, candidate, found)
+    found += _cut_plans(base, candidate, found)
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
     return _non_dominated(found)
 
