@@ -72,6 +72,16 @@ class RandomProgram(torch.nn.Module):
         return values[-1].pow(2).sum()
 
 
+def profiled(joint, kwargs, compiler: str = "eager"):
+    """(the joint graph the rewrite is given, its profile, its tags, the
+    planner's options) of a captured joint graph, as the Planner reads it."""
+    planner = Planner(Options.create(compiler=compiler))
+    profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
+                                        kwargs.get("static_lifetime_input_indices"),
+                                        PhaseClock())
+    return deduplicated(joint), profile, tags, planner.options
+
+
 @functools.lru_cache(maxsize=None)
 def analysed(seed: int):
     """(joint, profile, num_fwd_outputs, model) of a program (seed >= 0) or
@@ -82,11 +92,7 @@ def analysed(seed: int):
         torch.manual_seed(seed)
         step, inputs = RandomProgram(seed), (torch.randn(4, 8, requires_grad=True),)
     joint, joint_inputs, kwargs = capture_joint(step, inputs)
-    planner = Planner(Options.create(compiler="eager"))
-    profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
-                                        kwargs.get("static_lifetime_input_indices"),
-                                        PhaseClock())
-    joint = deduplicated(joint)
+    joint, profile, tags, _ = profiled(joint, kwargs)
     model = schedule.build(joint, profile, num_fwd_outputs=kwargs["num_fwd_outputs"])
     return joint, profile, tags, kwargs["num_fwd_outputs"], model
 
@@ -234,11 +240,7 @@ def test_inductor_plans_are_modelled_as_the_fused_memory_model_simulates_them():
     runtime-optimal one."""
     joint, _, kwargs = inductor_gpt()
     num_fwd_outputs = kwargs["num_fwd_outputs"]
-    planner = Planner(Options.create(compiler="inductor"))
-    profile, tags, _ = planner._analyse(joint, num_fwd_outputs,
-                                        kwargs.get("static_lifetime_input_indices"),
-                                        PhaseClock())
-    joint = deduplicated(joint)
+    joint, profile, tags, options = profiled(joint, kwargs, "inductor")
     model = schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs, fused=True)
     assert model is not None
     # The case the schema reading is for is there: a view (by schema)
@@ -247,7 +249,7 @@ def test_inductor_plans_are_modelled_as_the_fused_memory_model_simulates_them():
     assert any(not set(ref for ref, _ in n.storages)
                & set(ref for i in n.inputs for ref, _ in model.nodes[i].storages)
                for n in views)
-    decisions = [runtime_optimal(problem_for(profile, tags, planner.options), fuses=True)]
+    decisions = [runtime_optimal(problem_for(profile, tags, options), fuses=True)]
     decisions += [random_decision(profile, bits) for bits in range(16)]
     checked = 0
     for decision in decisions:
@@ -289,14 +291,10 @@ def test_sunk_gradient_that_only_the_output_reads_is_counted():
     config = GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=32)
     idx, targets = torch.randint(64, (4, 48)), torch.randint(64, (4, 48))
     joint, _, kwargs = capture_joint(Step(GPT(config), lambda y: gpt_loss(y, targets)), (idx,))
-    planner = Planner(Options.create(compiler="eager"))
-    profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
-                                        kwargs.get("static_lifetime_input_indices"),
-                                        PhaseClock())
-    joint = deduplicated(joint)
+    joint, profile, tags, options = profiled(joint, kwargs)
     model = schedule.build(joint, profile, num_fwd_outputs=kwargs["num_fwd_outputs"],
                            sinks=True)
-    decision = runtime_optimal(problem_for(profile, tags, planner.options), fuses=False)
+    decision = runtime_optimal(problem_for(profile, tags, options), fuses=False)
     real = min(simulate(r.forward.graph, r.backward.graph).peak_bytes for r in rewrite_orders(
         joint, profile, decision, num_fwd_outputs=kwargs["num_fwd_outputs"]))
     assert model.peak(decision).peak_bytes == real
@@ -362,11 +360,7 @@ def test_tensor_constant_is_covered():
         Step(_WithTensorConstant(), lambda y: y), (torch.randn(4, 8, requires_grad=True),))
     assert any(n.op == "get_attr" for n in joint.graph.nodes)
     num_fwd_outputs = kwargs["num_fwd_outputs"]
-    planner = Planner(Options.create(compiler="eager"))
-    profile, tags, _ = planner._analyse(joint, num_fwd_outputs,
-                                        kwargs.get("static_lifetime_input_indices"),
-                                        PhaseClock())
-    deduped = deduplicated(joint)
+    deduped, profile, tags, _ = profiled(joint, kwargs)
     for sinks in (False, True):
         model = schedule.build(deduped, profile, num_fwd_outputs=num_fwd_outputs, sinks=sinks)
         assert model is not None

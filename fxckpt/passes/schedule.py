@@ -148,9 +148,8 @@ class ScheduleModel:
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
             # Autograd holds the incoming gradients until backward returns.
-            ops = [k for k in sequence if k not in outside]
             self._run(sequence, inputs, self._refs(outputs + tangents), walked, "backward",
-                      outside, set(), self._inlined(ops, inputs, outputs, pairs))
+                      outside, set(), self._inlined(sequence, inputs, outputs, pairs, outside))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
         return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink)
@@ -333,15 +332,18 @@ class ScheduleModel:
                 if (k.__class__ is tuple and replays and self.nodes[k[1]].state_bytes > 0)
                 or (k in pairs and self.pair_impure) or (k in ids and k not in pairs)]
 
-    def _inlined(self, ops: list, inputs: dict, outputs, pairs: set) -> set:
-        """The keys of one graph's ops (``ops``, in order) that Inductor
-        computes inside their readers (memory.inlined_keys, as memory.py
-        applies it to the rewritten graph), or none unless fused. A random
-        op forward runs as run_and_save_rng_state, and its copies run by
-        run_with_rng_state, are calls of their own, never inlined."""
+    def _inlined(self, sequence: list, inputs: dict, outputs, pairs: set,
+                 placeholders: set = frozenset()) -> set:
+        """The keys of one graph's ops (``sequence`` without its
+        ``placeholders``, in order) that Inductor computes inside their
+        readers (memory.inlined_keys, as memory.py applies it to the
+        rewritten graph), or none unless fused. A random op forward runs as
+        run_and_save_rng_state, and its copies run by run_with_rng_state,
+        are calls of their own, never inlined."""
         if not self.fused:
             return set()
         nodes = self.nodes
+        ops = [k for k in sequence if k not in placeholders]
         within = set(ops)
         users: dict = {}
         for key in ops:

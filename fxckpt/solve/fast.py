@@ -132,20 +132,16 @@ def cut_plan(problem: Problem, lam: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _cut_plan(problem: Problem, budget: float):
     """The cheapest Lagrangian cut plan whose proxy peak fits the budget."""
-
-    def plan(lam: float):
-        return cut_plan(problem, lam)
-
     low, high = 0.0, 1.0
-    best = plan(high)
+    best = cut_plan(problem, high)
     while problem.peak(*best) > budget:
         if high > 1e18:
             raise Infeasible("no cut plan fits the budget under the memory model")
         low, high = high, high * 1e3
-        best = plan(high)
+        best = cut_plan(problem, high)
     for _ in range(_BISECTION_STEPS):
         mid = np.sqrt(max(low, 1e-30) * high) if low > 0 else high / 1e3
-        candidate = plan(mid)
+        candidate = cut_plan(problem, mid)
         if problem.peak(*candidate) <= budget:
             high, best = mid, candidate
         else:

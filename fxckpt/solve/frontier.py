@@ -50,17 +50,19 @@ _STALLS_BEFORE_STOP = 3
 _GAP_TARGETS = 4
 # Solves spent aiming just under the lowest peak found.
 _FLOOR_STEPS = 4
-# Lagrangian cut plans: prices per byte tried (spread, then as many again
-# over the band where the plans change), and at most how many of the
-# distinct plans they give are simulated (those inside the frontier's gaps).
+# Lagrangian cut plans (``_cut_plans``): prices per byte spread over the
+# values' cost per byte; then more over the band where the plans change,
+# fewer on large graphs as each is a minimum cut (48 up to 400 forward
+# values, 12 from 1,600).
 _CUT_PRICES = 16
-# Prices over the band (fewer on large graphs: each is a minimum cut).
 _CUT_BAND = 48
 _CUT_BAND_WORK = 19_200
-_CUT_PLANS = 8
+# The distinct plans simulated: those between two frontier plans further
+# apart in peak than _CUT_GAP, at most _CUT_PLANS, fewer on large graphs as
+# each simulation takes time in proportion to the graph (8 up to 400
+# forward values, 2 from 1,600).
 _CUT_GAP = 0.99
-# Each is simulated, in time proportional to the graph: fewer on large ones
-# (8 up to 400 forward values, 2 from 1,600).
+_CUT_PLANS = 8
 _CUT_WORK = 3_200
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
@@ -249,11 +251,10 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate]) -> list[Cand
         count = max(_CUT_PRICES // 2, min(_CUT_BAND, _CUT_BAND_WORK // max(problem.n, 1)))
         band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], count + 2)[1:-1]
         cuts.update((float(lam), cut_plan(problem, float(lam))) for lam in band)
-        prices = sorted(cuts)
     frontier = _non_dominated(found)
     known = {(c.decision.saved, c.decision.recomputed) for c in found}
     masks: dict[tuple, tuple] = {}
-    for lam in sorted(prices):
+    for lam in sorted(cuts):
         saved, recomputed = cuts[lam]
         key = (saved.tobytes(), recomputed.tobytes())
         if key not in masks:
