@@ -125,8 +125,7 @@ class ScheduleModel:
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
-        orders = [self._backward(order, inputs, placeholders, outputs, pairs, sink)
-                  for sink in self.orders]
+        orders = self._backward(order, inputs, placeholders, outputs, pairs, self.orders)
         # Saved values backward does not read are dropped from both graphs
         # (the same whichever the order).
         used = orders[0][1]
@@ -214,11 +213,12 @@ class ScheduleModel:
         return tuple(found)
 
     def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set,
-                  sink: bool = False):
-        """Backward's nodes in the order the just-in-time schedule runs
-        them (``sink``: growing nodes and their views wait for a user), the
-        placeholders its extraction found read, and each placeholder's
-        elements taken out right after it."""
+                  sinks: tuple = (False,)) -> list:
+        """Per backward order in ``sinks``: backward's nodes in the order the
+        just-in-time schedule runs them (a sink: growing nodes and their
+        views wait for a user), the placeholders its extraction found read,
+        and each placeholder's elements taken out right after it. What the
+        orders share (which nodes backward keeps) is found once."""
         valid, kept = set(placeholders), []
         kinds = self.kinds
         for key in order:
@@ -233,8 +233,6 @@ class ScheduleModel:
         used = {a for k in dce if k not in outside for a in inputs[k]} | set(outputs)
         needed = _ancestors(outputs + [k for k in self._impure_among(kept, False, pairs)
                                        if k in dce], inputs)
-        emitted: set = set(placeholders)
-        sequence: list = []
         # A tuple's elements are taken out right after it (rewrite.py).
         elements: dict = {}
         for key in kept:
@@ -242,7 +240,15 @@ class ScheduleModel:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
+        return [self._scheduled(kept, needed, inputs, placeholders, outputs, pairs, used,
+                                elements, sink) for sink in sinks]
+
+    def _scheduled(self, kept: list, needed: set, inputs, placeholders: list, outputs: list,
+                   pairs: set, used: set, elements: dict, sink: bool):
+        """One backward order of ``_backward``."""
         grown = self._grown(kept, needed, pairs) if sink else set()
+        emitted: set = set(placeholders)
+        sequence: list = []
 
         def emit(key) -> None:
             if key in emitted:
