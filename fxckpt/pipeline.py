@@ -16,6 +16,8 @@ the model does not cover (offload) are always rewritten."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 from dataclasses import dataclass, replace
@@ -65,6 +67,24 @@ def estimator(model, evaluate: Evaluate) -> Evaluate:
                   for name, profile_bytes in model.state_bytes(decision).items()}
         return schedule.Simulated(states), timeline
     return estimate
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector off while a graph is planned, as it
+    was after. Planning allocates millions of small objects among a joint
+    graph's tens of thousands (a 58-layer GPT: 10,028 nodes), and each full
+    collection walks them all: on that graph's budgeted planning the
+    collector took 2.4 of 9.6 s CPU. Garbage made meanwhile is collected at
+    the collector's next run. (torch's distributed state_dict pauses it the
+    same way.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,11 @@ class Planner:
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
+        with collection_paused():
+            return self._partition(joint, num_fwd_outputs, static_lifetime_input_indices)
+
+    def _partition(self, joint: fx.GraphModule, num_fwd_outputs: int,
+                   static_lifetime_input_indices):
         clock, graph_id = PhaseClock(), next(_graph_ids)
         progress = Progress(graph_id, clock)
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
@@ -298,8 +323,8 @@ class FrontierPlanner(Planner):
         super().__init__(options, **kwargs)
         self.frontiers: list[Frontier] = []
 
-    def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
-                 static_lifetime_input_indices=None, **_ignored):
+    def _partition(self, joint: fx.GraphModule, num_fwd_outputs: int,
+                   static_lifetime_input_indices):
         clock, graph_id = PhaseClock(), next(_graph_ids)
         progress = Progress(graph_id, clock)
         profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,

@@ -82,3 +82,29 @@ def test_candidates_done_are_reported_while_planning(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[-1].startswith("fxckpt: graph 7: 3 candidate plans done")
     assert progress.candidates == 3
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_planning_pauses_the_garbage_collector_and_restores_it(enabled):
+    import gc
+
+    from fxckpt.bench.solvers import capture_joint
+    from fxckpt.bench.ways import Step
+    from fxckpt.options import Options
+    from fxckpt.pipeline import Planner
+
+    torch.manual_seed(0)
+    joint, joint_inputs, kwargs = capture_joint(Step(Net(), lambda out: out.sum()),
+                                                (torch.randn(32, 16),))
+    states: list[bool] = []
+    planner = Planner(Options.create(compiler="eager", budget=0.3),
+                      on_plan=lambda plan: states.append(gc.isenabled()))
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        planner(joint, joint_inputs, **kwargs)
+        after = gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+    assert states == [False]
+    assert after is enabled
