@@ -20,6 +20,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -430,9 +431,12 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
     # With a budget, plans come from the trade-off frontier, of which the
     # runtime-optimal plan is one candidate: a budget it fits gets it or a
     # plan that is no more costly and peaks no higher.
+    started = time.perf_counter()
     frontier = memo.frontier(lambda: pareto_frontier(
         problem, estimate, options.solver, (optimal, rewritten, timeline),
         again_from_seeds=options.compiler == "eager"))
+    # The plan's solve time is the frontier's (nothing when recalled).
+    frontier_seconds = time.perf_counter() - started
     # The frontier's figures are the schedule model's (exact where it covers
     # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
     # plan a BudgetError names, are rewritten for real and checked below.
@@ -455,6 +459,7 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
         no_fit.floor = replace(floor, rewritten=checked[0], timeline=checked[1])
         raise _budget_error(no_fit) from None
     rewritten, timeline = _checked(evaluate, decision, rewritten, timeline, "the chosen plan")
+    decision = replace(decision, solve_seconds=frontier_seconds)
     if lowered_by:
         decision = replace(decision, budget_bytes=asked)
     return decision, rewritten, getattr(timeline, "graph", timeline)

@@ -26,10 +26,10 @@ class Net(nn.Module):
         return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
 
 
-def _planned(budget=0.3):
+def _planned(budget=0.3, batch=32):
     torch.manual_seed(0)
     backend = fxckpt.backend(compiler="eager", budget=budget)
-    torch.compile(Net(), backend=backend)(torch.randn(32, 16)).sum().backward()
+    torch.compile(Net(), backend=backend)(torch.randn(batch, 16)).sum().backward()
     (plan,) = backend.plans
     return plan
 
@@ -45,6 +45,17 @@ def test_plan_records_its_planning_time_by_phase():
     assert "planning" in plan._repr_html_()
     merged = merge_plans([plan, plan])
     assert dict(merged.phase_seconds)["solve"] == pytest.approx(2 * phases["solve"])
+
+
+def test_a_budgeted_plan_records_the_time_its_frontier_took():
+    # The frontier is built before a budget selects from it: its time is
+    # the plan's solve time (it read 0 when the selection was timed alone).
+    # A batch no other test plans: the frontier is built here, not recalled.
+    plan = _planned(batch=24)
+    assert plan.budget_bytes is not None
+    # Most of a budgeted plan's time is its frontier (solves, and the
+    # candidates' simulation).
+    assert 0.2 * plan.plan_seconds < plan.solve_seconds <= plan.plan_seconds
 
 
 def test_nested_phases_are_charged_to_the_innermost():
