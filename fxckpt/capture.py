@@ -355,11 +355,14 @@ class _InductorPartitioner(CustomPartitionerFn):
                       f"recomputation not moved where it holds more, late addmm split",))
 
 
-def capture_once(model, example_inputs, backend: Callable) -> None:
+def capture_once(model, example_inputs, backend: Callable, *,
+                 dynamic: bool | None = None) -> None:
     """Run one forward of ``model`` (a copy of it, when it is an nn.Module:
     its buffers stay untouched) under ``backend`` with the caller's RNG
     state left as it was, so the backend sees the graphs training would.
-    Other compiled models in the process are left as they were."""
+    Other compiled models in the process are left as they were.
+    ``dynamic``: torch.compile's (False: sizes never symbolic, not even
+    where Dynamo saw the model's code run at other sizes before)."""
     target = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     devices = sorted({t.device for t in example_inputs
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"}, key=str)
@@ -367,4 +370,5 @@ def capture_once(model, example_inputs, backend: Callable) -> None:
     # nor count against those of models compiled elsewhere in the process
     # (no global reset), and a different backend never reuses theirs.
     with torch.random.fork_rng(devices=devices):
-        torch.compile(target, backend=backend, isolate_recompiles=True)(*example_inputs)
+        torch.compile(target, backend=backend, dynamic=dynamic,
+                      isolate_recompiles=True)(*example_inputs)

@@ -154,6 +154,28 @@ def _frames_compiled() -> int:
     return counters["frames"]["total"]
 
 
+def test_captured_sizes_stay_static_after_other_sizes_of_the_model():
+    # The solvers suite captures the zoo GPT after the 58-layer one: with
+    # automatic dynamic shapes (the models' code is shared) the second
+    # capture had symbolic sizes, a different graph from the one captured
+    # alone.
+    from fxckpt.bench.ways import Step
+    from fxckpt.models import GPT, GPTConfig, gpt_loss
+
+    def step(n_embd, block_size):
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=32, block_size=block_size, n_layer=1, n_head=2,
+                           n_embd=n_embd)
+        idx = torch.randint(32, (2, block_size))
+        return Step(GPT(config), lambda logits: gpt_loss(logits, idx)), (idx,)
+
+    bench_solvers.capture_joint(*step(16, 8))
+    joint = bench_solvers.capture_joint(*step(32, 12))[0]
+    symbolic = [n for n in joint.graph.nodes
+                if isinstance(n.meta.get("val"), torch.SymInt | torch.SymFloat)]
+    assert not symbolic
+
+
 def test_bench_and_demo_leave_the_callers_compiled_model_alone():
     """The bench and the demo compile many steps in the caller's process and
     never reset Dynamo: a model compiled before them runs after them without

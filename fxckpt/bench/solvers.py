@@ -44,13 +44,16 @@ def capture_joint(step: torch.nn.Module, inputs, *, compiler: str = "eager") -> 
     """(joint graph, joint inputs, partition kwargs) of ``step``'s one graph,
     as ``compiler`` gives it to the partitioner (under Inductor: after its
     decompositions and joint-graph passes; caches are off while it compiles,
-    so that the partitioner is called)."""
+    so that the partitioner is called). Sizes are static: a GPT captured
+    after another of other sizes would otherwise get symbolic sizes from
+    Dynamo's automatic dynamic shapes (the model's code is shared), and a
+    different graph (the zoo GPT after the 58-layer one: 744 nodes, not 740)."""
     recorder = JointRecorder(compiler)
     uncached = torch.compiler.config.patch(force_disable_caches=True) \
         if compiler == "inductor" else contextlib.nullcontext()
     with uncached:
         capture_once(step, inputs,
-                     lambda gm, example: compile_planned(gm, example, recorder))
+                     lambda gm, example: compile_planned(gm, example, recorder), dynamic=False)
     if len(recorder.calls) != 1:
         raise RuntimeError(f"expected one graph, captured {len(recorder.calls)}")
     return recorder.calls[0]
