@@ -125,10 +125,9 @@ class ScheduleModel:
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
-        orders = self._backward(order, inputs, placeholders, outputs, pairs, self.orders)
         # Saved values backward does not read are dropped from both graphs
         # (the same whichever the order).
-        used = orders[0][1]
+        used, orders = self._backward(order, inputs, placeholders, outputs, pairs, self.orders)
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
         fwd, kept = self._forward(saved_used, pairs, forward_nodes)
@@ -142,7 +141,7 @@ class ScheduleModel:
             self._allocate(p, walk)
         best, sink = None, None
         outside = set(placeholders)
-        for (bwd, _, after), order in zip(orders, self.orders):
+        for (bwd, after), order in zip(orders, self.orders):
             walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
@@ -213,12 +212,13 @@ class ScheduleModel:
         return tuple(found)
 
     def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set,
-                  sinks: tuple = (False,)) -> list:
-        """Per backward order in ``sinks``: backward's nodes in the order the
-        just-in-time schedule runs them (a sink: growing nodes and their
-        views wait for a user), the placeholders its extraction found read,
-        and each placeholder's elements taken out right after it. What the
-        orders share (which nodes backward keeps) is found once."""
+                  sinks: tuple = (False,)) -> tuple[set, list]:
+        """The values backward reads (the placeholders among them are those
+        its extraction keeps), and per backward order in ``sinks``:
+        backward's nodes in the order the just-in-time schedule runs them
+        (a sink: growing nodes and their views wait for a user) and each
+        placeholder's elements taken out right after it. What the orders
+        share (which nodes backward keeps) is found once."""
         valid, kept = set(placeholders), []
         kinds = self.kinds
         for key in order:
@@ -240,11 +240,11 @@ class ScheduleModel:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
-        return [self._scheduled(kept, needed, inputs, placeholders, outputs, pairs, used,
-                                elements, sink) for sink in sinks]
+        return used, [self._scheduled(kept, needed, inputs, placeholders, outputs, pairs,
+                                      elements, sink) for sink in sinks]
 
     def _scheduled(self, kept: list, needed: set, inputs, placeholders: list, outputs: list,
-                   pairs: set, used: set, elements: dict, sink: bool):
+                   pairs: set, elements: dict, sink: bool):
         """One backward order of ``_backward``."""
         grown = self._grown(kept, needed, pairs) if sink else set()
         emitted: set = set(placeholders)
@@ -277,7 +277,7 @@ class ScheduleModel:
         # gradient nothing else reads), grown inputs last.
         for key in sorted(dict.fromkeys(outputs), key=lambda a: a in grown):
             emit(key)
-        return sequence, used, after
+        return sequence, after
 
     def _grown(self, kept: list, needed: set, pairs: set) -> set:
         """rewrite._grown: backward's own nodes that grow memory, and views

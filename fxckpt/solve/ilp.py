@@ -93,12 +93,11 @@ def _objective_and_bounds(problem: Problem):
 
 def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:
     n = problem.n
-    ones = np.ones
     # Rows of two or three entries, built as arrays (a 58-layer GPT has
     # some 30,000): (columns per row, values per row, lower, upper).
     blocks = []
     needed = np.flatnonzero(problem.needed)
-    blocks.append((np.stack([needed, n + needed], 1), ones((len(needed), 2)), 1.0, np.inf))
+    blocks.append((np.stack([needed, n + needed], 1), np.ones((len(needed), 2)), 1.0, np.inf))
     indptr, indices = problem.input_lists
     counts = np.diff(indptr)
     recomputable = problem.can_recompute.astype(bool)
@@ -107,7 +106,7 @@ def _constraints(problem: Problem, budget: float) -> list[LinearConstraint]:
     blocks.append((np.stack([n + child, parent, n + parent], 1),
                    np.tile([1.0, -1.0, -1.0], (len(child), 1)), -np.inf, 0.0))
     every = np.arange(n)
-    blocks.append((np.stack([every, n + every], 1), ones((n, 2)), -np.inf, 1.0))
+    blocks.append((np.stack([every, n + every], 1), np.ones((n, 2)), -np.inf, 1.0))
     movable = np.flatnonzero(problem.can_offload)
     # Per movable value o_k <= s_i, and where it must be offloaded
     # o_k >= s_i right after.
