@@ -34,6 +34,9 @@ class ModelNode:
     # a view of that input's storage, else None (a storage of its own).
     aliases: tuple = ()
     state_bytes: int = 0            # generator state, if it is random
+    # Of those, the bytes on the graph's device: a CUDA generator's state
+    # (its philox seed and offset) is saved and replayed in host memory.
+    state_device_bytes: int = 0
     grows: bool = False             # allocates more than its inputs hold (memory.grows_memory)
     allocates: bool = True          # makes a storage of its own (not only views)
     # What Inductor's inlining reads of the op (memory.inlined_keys): it
@@ -119,6 +122,8 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
         backward=info is not None and info.phase == BACKWARD,
         getitem=node.target is operator.getitem,
         state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
+        state_device_bytes=(rng_state_bytes(random_op_device(node))
+                            if random and device == "cpu" else 0),
         grows=kind == "op" and grows_memory(node),
         allocates=kind == "op" and allocated_bytes(node) > 0,
         fuses=fuses(node), reduction=is_reduction(node),

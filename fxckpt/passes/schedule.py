@@ -374,7 +374,7 @@ class ScheduleModel:
 
     def _storages(self, key) -> tuple:
         if isinstance(key, tuple) and key[0] == "state":
-            return ((-1 - key[1], self.nodes[key[1]].state_bytes),)
+            return ((-1 - key[1], self.nodes[key[1]].state_device_bytes),)
         if isinstance(key, tuple):  # a copy or the clone
             return self.fresh[key]
         return self.nodes[key].storages
@@ -432,7 +432,7 @@ class ScheduleModel:
             if node.counted and key not in inlined:
                 found = found_at[index]
                 if key in pairs:
-                    found = found + ((-1 - key, node.state_bytes),)
+                    found = found + ((-1 - key, node.state_device_bytes),)
                 for ref, nbytes in found:
                     if ref not in live and ref not in not_counted:
                         live[ref] = nbytes
@@ -440,8 +440,8 @@ class ScheduleModel:
             now = total
             if key not in placeholders:
                 now += node.workspace
-                if copy and node.state_bytes:
-                    now += node.state_bytes  # a replay holds the state it replaces
+                if copy and node.state_device_bytes:
+                    now += node.state_device_bytes  # a replay holds the state it replaces
             if now > peak:
                 peak, peak_key = now, key
             for ref in frees.get(index, ()):
