@@ -397,12 +397,21 @@ def device_type(node: fx.Node) -> str:
     return ""
 
 
+# PyTorch's CUDA caching allocator hands out blocks in multiples of 512 bytes,
+# and its allocated-bytes count (what a step's peak is measured by) counts
+# the blocks.
+CUDA_BLOCK_BYTES = 512
+
+
 def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     found = []
     for val in _leaves(node.meta.get("val")):
         if isinstance(val, torch.Tensor):
             storage = val.untyped_storage()
-            found.append((StorageWeakRef(storage), concrete(storage.nbytes())))
+            nbytes = concrete(storage.nbytes())
+            if val.device.type == "cuda":
+                nbytes = -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+            found.append((StorageWeakRef(storage), nbytes))
     return found
 
 

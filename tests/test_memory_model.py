@@ -106,3 +106,24 @@ def test_a_python_number_operand_is_scratch_the_allocator_sees(case):
     node = _traced_op(fn, x)
     measured = measure_peak_bytes(lambda: fn(x))
     assert measured - fn(x).untyped_storage().nbytes() == workspace_bytes(node) > 0
+
+
+def test_cuda_values_count_whole_allocator_blocks():
+    """The CUDA caching allocator hands out 512-byte blocks and counts them
+    as allocated: 12 bytes on CUDA take 512, 513 take 1024, an empty tensor
+    none; on the CPU a value counts its own bytes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxckpt.memory import StorageMemo
+
+    with FakeTensorMode():
+        values = [torch.empty(3, device="cuda"), torch.empty(513, dtype=torch.uint8, device="cuda"),
+                  torch.empty(0, device="cuda"), torch.empty(3)]
+    graph = torch.fx.Graph()
+    storages = StorageMemo()
+    found = []
+    for i, value in enumerate(values):
+        node = graph.placeholder(f"x{i}")
+        node.meta["val"] = value
+        found.append([nbytes for _, nbytes in storages(node)])
+    assert found == [[512], [1024], [0], [12]]
