@@ -27,12 +27,16 @@ _BUDGET_FORMS = (
     "such as '512MiB', '2GB' or '1.5GiB', or a fraction in [0, 1] (a float, or "
     "a string such as '0.5' or '50%') read as torch's activation_memory_budget: "
     "0 is the lowest peak any plan reaches, 1 the runtime-optimal plan's peak; "
-    "or 'fit' on a CUDA device: its free memory at the first compile, less 10%"
+    "or 'fit' on a CUDA device: its free memory at the first compile, less 10% "
+    "and 64 MiB"
 )
 
 # budget="fit" (fxckpt/budget/fit.py): the share of the device's free memory kept
-# back for what the memory model does not see.
+# back for what the memory model does not see, and the bytes kept back besides
+# for the caching allocator's rounding (it takes 1 to 10 MiB blocks out of
+# 20 MiB segments, and a nearly full device leaves the rest fragmented).
 FIT_MARGIN = 0.10
+FIT_SLACK = 64 * 2**20
 FIT_ALTERNATIVES = ("pass a byte budget (an int, or a string such as '512MiB') or a "
                     "fraction (0.5 or '50%': from the floor to the runtime-optimal "
                     "peak) instead")
@@ -67,7 +71,7 @@ class Budget:
 
     def __str__(self) -> str:
         fit = (f"the CUDA device's free memory at the first compile, less "
-               f"{FIT_MARGIN:.0%}")
+               f"{FIT_MARGIN:.0%} and {format_bytes(FIT_SLACK)}")
         if self.fit:
             return f"{format_bytes(self.bytes)} ({fit})" if self.bytes is not None else \
                 f"'fit' ({fit})"
