@@ -73,10 +73,15 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     device = devices.pop() if devices else "cpu"
     model_nodes = []
     ids: dict = {}  # storages as numbers (generator states are negative)
+    numbered_of: dict[fx.Node, tuple] = {}  # read once: a node's, then as an input
     impure = Impurity()
 
     def numbered(node: fx.Node):
-        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
+        found = numbered_of.get(node)
+        if found is None:
+            found = numbered_of[node] = tuple((ids.setdefault(ref, len(ids)), nbytes)
+                                              for ref, nbytes in storages(node))
+        return found
 
     for n in nodes:
         made = _model_node(n, index, numbered, profile, device, device_of[n], impure)
