@@ -192,6 +192,7 @@ class _Walk:
         self.storages = storages or StorageMemo()
         self.device = device    # host copies of a device graph are not device memory
         self.live = live
+        self.live_bytes = sum(live.values())  # kept as ``live`` changes: read per node
         self.not_counted = not_counted
         self.stop_at, self.stopped = stop_at, False
         self.producer: dict[StorageWeakRef, str] = {}
@@ -207,6 +208,7 @@ class _Walk:
         for ref, nbytes in self.storages(node):
             if ref not in self.live and ref not in self.not_counted:
                 self.live[ref] = nbytes
+                self.live_bytes += nbytes
                 self.producer[ref] = point(phase, node.name)
 
     def run(self, graph: fx.Graph, phase: str, *, keep: set, inlined=frozenset()) -> None:
@@ -218,16 +220,16 @@ class _Walk:
                 break
             if node not in inlined:
                 self.allocate(node, phase)
-            total = sum(self.live.values()) + workspace_bytes(node)
+            total = self.live_bytes + workspace_bytes(node)
             if total > self.peak:
                 self.peak, self.peak_at = total, point(phase, node.name)
-            if self.stop_at == point(phase, node.name):
+            if self.stop_at is not None and self.stop_at == point(phase, node.name):
                 self.stopped = True
                 return
             for ref in frees.get(index, ()):
                 if ref not in keep:
-                    self.live.pop(ref, None)
-            self.points.append((phase, node.name, sum(self.live.values())))
+                    self.live_bytes -= self.live.pop(ref, 0)
+            self.points.append((phase, node.name, self.live_bytes))
 
 
 def workspace_bytes(node: fx.Node) -> int:
@@ -328,24 +330,38 @@ _WORKSPACE = {
 }
 
 
-def grows_memory(node: fx.Node) -> bool:
+def grows_memory(node: fx.Node, storages=None) -> bool:
     """Whether running ``node`` allocates more bytes than all its tensor
     inputs hold together: new storages (not views of an input) larger than
     the inputs' storages. Run later, such a node never raises the memory
-    live in between (what it would free is smaller than what it allocates)."""
-    return node.op == "call_function" and allocated_bytes(node) > sum(
-        nbytes for _, nbytes in _input_storages(node).items())
+    live in between (what it would free is smaller than what it allocates).
+    ``storages``: a StorageMemo to read nodes' storages through."""
+    if node.op != "call_function":
+        return False
+    made, held = allocation(node, storages)
+    return made > held
 
 
-def allocated_bytes(node: fx.Node) -> int:
+def allocated_bytes(node: fx.Node, storages=None) -> int:
     """Bytes of the storages ``node`` makes: not those of its inputs (a view
     makes none)."""
-    inputs = _input_storages(node)
-    return sum(nbytes for ref, nbytes in dict(_storages(node)).items() if ref not in inputs)
+    return allocation(node, storages)[0]
 
 
-def _input_storages(node: fx.Node) -> dict:
-    return {ref: nbytes for arg in node.all_input_nodes for ref, nbytes in _storages(arg)}
+def allocation(node: fx.Node, storages=None) -> tuple[int, int]:
+    """(``allocated_bytes(node)``, bytes of its inputs' storages), read
+    together: ``storages`` (a StorageMemo, or none) reads each storage once."""
+    storages = storages or _storages
+    return storage_allocation(storages(node), [storages(a) for a in node.all_input_nodes])
+
+
+def storage_allocation(own, inputs) -> tuple[int, int]:
+    """``allocation`` from storages already read: ``own`` a node's (storage,
+    bytes) pairs, ``inputs`` its inputs'. Storages may be any keys that are
+    equal where the storages are (the schedule model numbers them)."""
+    held = {ref: nbytes for found in inputs for ref, nbytes in found}
+    made = sum(nbytes for ref, nbytes in dict(own).items() if ref not in held)
+    return made, sum(held.values())
 
 
 def _nbytes(node) -> int:

@@ -11,9 +11,10 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.memory import (StorageMemo, allocated_bytes, device_type, fuses, grows_memory,
-                           is_reduction, workspace_bytes)
+from fxckpt.memory import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
+                           workspace_bytes)
 from fxckpt.ops import random_op_device
+from fxckpt.passes.graphs import Impurity
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.types import BACKWARD, Profile
 
@@ -65,18 +66,25 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     nodes = [n for n in graph.nodes if n.op != "output"]
     index = {n: i for i, n in enumerate(nodes)}
     storages = StorageMemo()
-    devices = {device_type(n) for n in nodes} - {""}
+    device_of = {n: device_type(n) for n in nodes}
+    devices = set(device_of.values()) - {""}
     if len(devices) > 1:
         return None
     device = devices.pop() if devices else "cpu"
     model_nodes = []
     ids: dict = {}  # storages as numbers (generator states are negative)
+    numbered_of: dict[fx.Node, tuple] = {}  # read once: a node's, then as an input
+    impure = Impurity()
 
     def numbered(node: fx.Node):
-        return tuple((ids.setdefault(ref, len(ids)), nbytes) for ref, nbytes in storages(node))
+        found = numbered_of.get(node)
+        if found is None:
+            found = numbered_of[node] = tuple((ids.setdefault(ref, len(ids)), nbytes)
+                                              for ref, nbytes in storages(node))
+        return found
 
     for n in nodes:
-        made = _model_node(n, index, numbered, profile, device)
+        made = _model_node(n, index, numbered, profile, device, device_of[n], impure)
         if made is None:
             return None
         model_nodes.append(made)
@@ -88,7 +96,11 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     return JointRead(model_nodes, fwd, bwd, first_backward)
 
 
-def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
+def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
+                node_device: str, impure: Impurity):
+    """The record of ``node``, or None where the model does not cover it.
+    ``storages``: its numbered storages; ``node_device``: its device type;
+    ``impure``: its purity, read once per op."""
     if node.op == "placeholder":
         if node.name.startswith("primals"):
             kind = "primal"
@@ -111,24 +123,27 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str):
     info = profile.nodes.get(node.name)
     random = info is not None and info.is_random
     own = tuple(storages(node))
+    inputs = [storages(a) for a in node.all_input_nodes]
+    # The bytes it makes, and those its inputs hold (memory.allocation).
+    made, held = storage_allocation(own, inputs)
     return ModelNode(
         name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
         storages=own, workspace=workspace_bytes(node),
-        aliases=_aliases(own, [storages(a) for a in node.all_input_nodes],
-                         _schema_view_of(node)),
-        counted=device_type(node) in (device, ""),
-        impure=kind == "op" and node.is_impure(),
-        side_effect=kind == "op" and node.is_impure(impure_random=False),
+        aliases=_aliases(own, inputs, _schema_view_of(node)),
+        counted=node_device in (device, ""),
+        impure=kind == "op" and impure(node),
+        side_effect=kind == "op" and impure(node, impure_random=False),
         backward=info is not None and info.phase == BACKWARD,
         getitem=node.target is operator.getitem,
         state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
         state_device_bytes=(rng_state_bytes(random_op_device(node))
                             if random and device == "cpu" else 0),
-        grows=kind == "op" and grows_memory(node),
-        allocates=kind == "op" and allocated_bytes(node) > 0,
+        # memory.grows_memory, allocated_bytes
+        grows=kind == "op" and node.op == "call_function" and made > held,
+        allocates=kind == "op" and made > 0,
         fuses=fuses(node), reduction=is_reduction(node),
         op=getattr(node.target, "__name__", "") if kind == "op" else "",
-        cpu=device_type(node) == "cpu")
+        cpu=node_device == "cpu")
 
 
 def _aliases(own: tuple, inputs: list, view_of: int | None = None) -> tuple:

@@ -47,11 +47,13 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     written = _written_inputs(graph)
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
+    value_bytes: dict[fx.Node, int] = {}  # tensor_bytes of each value, read once
     primal_index = 0
     for node in graph.nodes:
         if node.op == "output":
             continue
         val = node.meta.get("val")
+        value_bytes[node] = tensor_bytes(val)
         is_tensor = isinstance(val, torch.Tensor)
         storage, own_bytes = node.name, 0
         if is_tensor:
@@ -68,9 +70,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             primal_index += 1
         not_recomputable = _not_recomputable(node, nodes, mutated | written)
         flops = _flops(node)
-        moved = 0 if (not is_tensor and node.target is operator.getitem) else _bytes_moved(node)
-        if op_kinds.is_view(node) or node.target is operator.getitem:
-            moved = 0
+        moved = 0 if op_kinds.is_view(node) or node.target is operator.getitem \
+            else _bytes_moved(node, value_bytes)
         nodes[node.name] = NodeProfile(
             name=node.name,
             phase=BACKWARD if node in backward else FORWARD,
@@ -170,11 +171,12 @@ def tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
     return backward
 
 
-def _bytes_moved(node: fx.Node) -> int:
+def _bytes_moved(node: fx.Node, value_bytes: dict[fx.Node, int]) -> int:
+    """Bytes an op reads and writes: its inputs' values and its own
+    (``value_bytes``: tensor_bytes of each node's value, inputs first)."""
     if node.op != "call_function":
         return 0
-    read = sum(tensor_bytes(i.meta.get("val")) for i in node.all_input_nodes)
-    return read + tensor_bytes(node.meta.get("val"))
+    return sum(value_bytes[i] for i in node.all_input_nodes) + value_bytes[node]
 
 
 def _flops(node: fx.Node) -> int:

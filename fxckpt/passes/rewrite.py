@@ -32,10 +32,10 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
-from fxckpt.memory import allocated_bytes, grows_memory
+from fxckpt.memory import StorageMemo, allocation
 from fxckpt.passes import rng
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
-from fxckpt.passes.graphs import copy_graph_module, fake_mode_of, lazy_graph_module
+from fxckpt.passes.graphs import Impurity, copy_graph_module, fake_mode_of, lazy_graph_module
 
 @dataclass(frozen=True)
 class Rewritten:
@@ -333,14 +333,17 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
 
 
 def _grown(graph: fx.Graph, recomputed: set[str]) -> set[str]:
-    """Names of the backward nodes that grow memory, and of views of them
-    (a view emitted early would hold its base): they wait for a user."""
+    """Names of the backward nodes that grow memory (memory.grows_memory),
+    and of views of them (a view emitted early would hold its base): they
+    wait for a user."""
     grown: set[str] = set()
+    storages, impure = StorageMemo(), Impurity()
     for node in graph.nodes:
         if node.op != "call_function" or node.name in recomputed \
-                or node.is_impure(impure_random=False):
+                or impure(node, impure_random=False):
             continue
-        if grows_memory(node) or (allocated_bytes(node) == 0 and any(
+        made, held = allocation(node, storages)
+        if made > held or (made == 0 and any(
                 arg.name in grown for arg in node.all_input_nodes)):
             grown.add(node.name)
     return grown
@@ -349,8 +352,9 @@ def _grown(graph: fx.Graph, recomputed: set[str]) -> set[str]:
 def _live_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes the output needs, plus real side effects (random draws excluded)."""
     live: set[fx.Node] = set()
+    impure = Impurity()
     stack = [n for n in graph.nodes
-             if n.op == "output" or (n.op == "call_function" and n.is_impure(impure_random=False))]
+             if n.op == "output" or (n.op == "call_function" and impure(n, impure_random=False))]
     while stack:
         node = stack.pop()
         if node in live:
