@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+
+import numpy as np
 
 import torch.fx as fx
 
@@ -51,6 +54,23 @@ class ModelTimeline:
     peak_at: str
     fused: bool = False
     sink_growing: bool | None = None   # the backward order that peaks lower
+
+
+class _Key:
+    """A node the rewrite adds: a copy of recomputed value ``node``
+    ("clone" the last, "copy" number ``j`` an earlier one) or the generator
+    state forward saves for it ("state"). One object each for the model's
+    life (ScheduleModel.clone_keys, state_keys, _copies_of), hashed and
+    compared by identity: cheaper than tuples in the sets and dicts each
+    plan fills."""
+
+    __slots__ = ("kind", "node", "j")
+
+    def __init__(self, kind: str, node: int, j: int | None) -> None:
+        self.kind, self.node, self.j = kind, node, j
+
+    def __repr__(self) -> str:
+        return f"_Key({self.kind!r}, {self.node}, {self.j})"
 
 
 @dataclass
@@ -86,16 +106,47 @@ class ScheduleModel:
         # schedule (random ops not): see _impure.
         self.impure = {i for i, n in enumerate(nodes) if n.impure}
         self.side_effect = {i for i, n in enumerate(nodes) if n.side_effect}
+        self.getitem = {i for i, n in enumerate(nodes) if n.getitem}
         self.forward_nodes = _forward_nodes(nodes, self.primals)
         self.users: list[list[int]] = [[] for _ in nodes]
         for i, node in enumerate(nodes):
             for a in dict.fromkeys(node.inputs):
                 self.users[a].append(i)
+        # The same for every plan, so read once: each node's backward
+        # readers (those the rewrite points at copies), and the storages
+        # each node reads as the joint graph has it (what _run frees by).
+        self.backward_users = [[u for u in users if nodes[u].backward] for users in self.users]
+        self.reads = {i: _reads(node.inputs, self.storages.__getitem__)
+                      for i, node in enumerate(nodes)}
+        # _copy's storages of copies of nodes making all theirs, by key.
+        self.own_fresh: dict = {}
+        self.makes_own = [not any(n.aliases) for n in nodes]
+        # Per node, for _run's arrays.
+        self.workspace = np.array([n.workspace for n in nodes], np.int64)
+        self.state_device = np.array([n.state_device_bytes for n in nodes], np.int64)
+        self.counted = np.array([n.counted for n in nodes], bool)
+        self.ref_offset = len(nodes)  # generator states' references are -1 - node
+        self.copy_keys: dict = {}  # _copies_of's earlier copies, by node
+        self.clone_keys = [_Key("clone", i, None) for i in range(len(nodes))]
+        self.state_keys = [_Key("state", i, None) for i in range(len(nodes))]
+        # Copies' own storages are numbered after the joint graph's, once
+        # for the model's life (_fresh_storages).
+        self.fresh_refs: dict = {}  # by (key, position)
+        self.first_fresh_ref = 1 + max((ref for found in self.storages for ref, _ in found),
+                                       default=-1)
         # Backward steps (Decision.again's): each backward node's index
         # among the backward nodes, in graph order.
         self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
         # Whether dead-code elimination keeps a replay nobody reads.
         self.replay_impure, self.pair_impure = rng_calls_impure()
+
+    def _copies_of(self, node: int, count: int) -> list[_Key]:
+        """The _Keys of ``count`` copies of ``node``: ("copy", node, j)
+        for the earlier ones, the clone last."""
+        earlier = self.copy_keys.setdefault(node, [])
+        while len(earlier) < count - 1:
+            earlier.append(_Key("copy", node, len(earlier)))
+        return [*earlier[:count - 1], self.clone_keys[node]]
 
     def state_bytes(self, decision: Decision) -> dict[str, int]:
         """Generator-state bytes forward saves, by random recomputed value."""
@@ -107,11 +158,11 @@ class ScheduleModel:
             return None
         recomputed = sorted(self.index[n] for n in decision.recomputed)
         saved = {self.index[n] for n in decision.saved}
-        states = [("state", r) for r in recomputed if self.nodes[r].state_bytes]
+        states = [self.state_keys[r] for r in recomputed if self.nodes[r].state_bytes]
         tangents = self.tangents
         placeholders = sorted(saved) + states + tangents
         again = {self.index[n]: steps for n, steps in decision.again}
-        order, inputs, copies = self._edited(recomputed, again)
+        order, inputs, copies, changed = self._edited(recomputed, again)
         forward_nodes = self.forward_nodes
         if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
             # Copies read forward-side values the joint graph placed among
@@ -123,8 +174,15 @@ class ScheduleModel:
             # Forward saves values in the edited graph's order.
             placeholders = sorted(saved, key=position.__getitem__) + states + tangents
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
+        # What each key reads, for backward's walks: the joint graph's reads
+        # but where the rewrite changed a key's inputs (_reads, inlined).
+        reads = dict(self.reads)
+        own, fresh = self.storages, self.fresh
+        reads.update((key, tuple(ref for a in inputs[key]
+                                 for ref, _ in (own[a] if a.__class__ is int else fresh[a])))
+                     for key in (*changed, *placeholders))
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
-        pairs = {r for _, r in states}  # forward runs these as run_and_save_rng_state
+        pairs = {s.node for s in states}  # forward runs these as run_and_save_rng_state
         # Saved values backward does not read are dropped from both graphs
         # (the same whichever the order).
         used, orders = self._backward(order, inputs, placeholders, outputs, pairs, self.orders)
@@ -134,8 +192,8 @@ class ScheduleModel:
         walk = _Walk()
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
-        fwd_inputs = {i: self.nodes[i].inputs for i in fwd}
-        self._run(primals + fwd, fwd_inputs, self._refs(kept), walk, "forward", set(primals),
+        fwd_inputs = {i: self.nodes[i].inputs for i in fwd} if self.fused else {}  # _inlined's
+        self._run(primals + fwd, self.reads, self._refs(kept), walk, "forward", set(primals),
                   pairs, self._inlined(fwd, fwd_inputs, kept, pairs))
         for p in placeholders:
             self._allocate(p, walk)
@@ -146,7 +204,7 @@ class ScheduleModel:
                            walk.total)
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
             # Autograd holds the incoming gradients until backward returns.
-            self._run(sequence, inputs, self._refs(outputs + tangents), walked, "backward",
+            self._run(sequence, reads, self._refs(outputs + tangents), walked, "backward",
                       outside, set(), self._inlined(sequence, inputs, outputs, pairs, outside))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
@@ -156,35 +214,77 @@ class ScheduleModel:
 
     def _edited(self, recomputed: list[int], again: dict):
         """The edited joint graph's order (copies in front of the first
-        backward node: ("clone", i) the last copy of value i, ("copy", i, j)
-        its earlier ones), every node's inputs after backward was pointed at
-        the copies serving its step, and each value's copies as [(first step
-        served, copy)]. Every copy's storages (its own, or views of its
-        inputs' copies) go to ``self.fresh``."""
+        backward node: the _Keys ("clone", i) the last copy of value i,
+        ("copy", i, j) its earlier ones), every node's inputs after backward
+        was pointed at the copies serving its step, each value's copies as
+        [(first step served, copy)], and the keys whose inputs differ from
+        the joint graph's (the copies and their backward readers). Every
+        copy's storages (its own, or views of its inputs' copies) go to
+        ``self.fresh``, as do the generator states the copies read."""
         need = self._first_needs(recomputed)
         copies: dict[int, list] = {}
+        # Values with one copy (most: all, without Decision.again) read as
+        # that copy, without _pick's search.
+        clone: dict = {}
+        begins: dict = {}  # values with several copies: their first steps
         inputs: dict = {}
-        self.fresh = {}
+        fresh = self.fresh = {}
         for r in recomputed:
-            starts = [need[r], *(s for s in again.get(r, ()) if s > need[r])]
-            made = []
-            for j, start in enumerate(starts):
-                key = ("clone", r) if j == len(starts) - 1 else ("copy", r, j)
-                mapped = tuple(_pick(a, start, copies) for a in self.nodes[r].inputs)
-                self.fresh[key] = self._fresh_storages(key, mapped)
-                if self.nodes[r].state_bytes:
-                    mapped = (("state", r),) + mapped
-                inputs[key] = tuple(dict.fromkeys(mapped))
-                made.append((start, key))
+            if self.nodes[r].state_bytes:
+                state = self.state_keys[r]
+                fresh[state] = self._storages(state)
+            extra = again.get(r)
+            if extra is None:  # one copy, the clone (most values)
+                key = self.clone_keys[r]
+                fresh[key], inputs[key] = self._copy(
+                    key, self._picked(self.nodes[r].inputs, need[r], copies, clone, begins))
+                copies[r], clone[r] = [(need[r], key)], key
+                continue
+            starts = [need[r], *(s for s in extra if s > need[r])]
+            if len(starts) > 1:
+                begins[r] = starts
+            made = list(zip(starts, self._copies_of(r, len(starts))))
+            read = self.nodes[r].inputs
+            for start, key in made:
+                fresh[key], inputs[key] = self._copy(
+                    key, self._picked(read, start, copies, clone, begins))
             copies[r] = made
+            if len(made) == 1:
+                clone[r] = made[0][1]
+        changed = list(inputs)
         inputs.update(self.inputs)
-        for u in {u for r in recomputed for u in self.users[r] if self.nodes[u].backward}:
-            inputs[u] = tuple(dict.fromkeys(_pick(a, self.steps[u], copies)
-                                            for a in self.nodes[u].inputs))
+        users = {u for r in recomputed for u in self.backward_users[r]}
+        for u in users:
+            inputs[u] = tuple(dict.fromkeys(self._picked(self.nodes[u].inputs, self.steps[u],
+                                                         copies, clone, begins)))
         order = list(range(self.first_backward)) \
             + [key for r in recomputed for _, key in copies[r]] \
             + list(range(self.first_backward, len(self.nodes)))
-        return order, inputs, copies
+        return order, inputs, copies, changed + list(users)
+
+    def _copy(self, key, mapped: tuple) -> tuple:
+        """A copy's storages (``_fresh_storages``) and inputs, given the
+        values and copies it reads (``mapped``). Where the op makes all its
+        storages (no views) they depend on ``key`` alone, and are
+        remembered: plans recompute mostly the same values."""
+        found = self.own_fresh.get(key)
+        if found is None:
+            found = self._fresh_storages(key, mapped)
+            if self.makes_own[key.node]:
+                self.own_fresh[key] = found
+        if self.nodes[key.node].state_bytes:
+            mapped = (self.state_keys[key.node],) + mapped
+        return found, tuple(dict.fromkeys(mapped))
+
+    @staticmethod
+    def _picked(values: tuple, step: int, copies: dict, clone: dict, begins: dict) -> tuple:
+        """``_pick`` of each of ``values``; ``clone``: the values with one
+        copy (their pick whatever the step), ``begins`` those of the others
+        (and their copies' first steps)."""
+        if begins.keys().isdisjoint(values):
+            return tuple(map(clone.get, values, values))
+        return tuple(a if a not in copies else clone[a] if a in clone
+                     else _pick(a, step, copies, begins) for a in values)
 
     def _first_needs(self, recomputed: list[int]) -> dict[int, int]:
         """The first backward step needing each recomputed value: reading
@@ -202,13 +302,20 @@ class ScheduleModel:
         """A copy's storages: its own, or where the op is a view, those of
         the (copy of the) input it reads -- never the original's, which a
         saved view of it can keep alive."""
-        node = self.nodes[key[1]]
+        node = self.nodes[key.node]
+        own, fresh = self.storages, self.fresh
         found = []
         for p, ((_, nbytes), alias) in enumerate(zip(node.storages, node.aliases)):
             if alias is None:
-                found.append(((*key, p), nbytes))
+                ref = self.fresh_refs.get((key, p))
+                if ref is None:
+                    ref = self.fresh_refs[key, p] = self.first_fresh_ref + len(self.fresh_refs)
+                found.append((ref, nbytes))
             else:
-                found.append((self._storages(mapped[alias[0]])[alias[1]][0], nbytes))
+                # A copy reads values and copies, never generator states.
+                read = mapped[alias[0]]
+                read = own[read] if read.__class__ is int else fresh[read]
+                found.append((read[alias[1]][0], nbytes))
         return tuple(found)
 
     def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set,
@@ -222,10 +329,10 @@ class ScheduleModel:
         valid, kept = set(placeholders), []
         kinds = self.kinds
         for key in order:
-            if key in valid or (key[0] == "state" if key.__class__ is tuple
+            if key in valid or (key.kind == "state" if key.__class__ is _Key
                                 else kinds[key] != "op"):
                 continue
-            if all(a in valid for a in inputs[key]):
+            if valid.issuperset(inputs[key]):
                 valid.add(key)
                 kept.append(key)
         dce = _ancestors(outputs + self._impure_among(kept, True, pairs), inputs)
@@ -235,8 +342,9 @@ class ScheduleModel:
                                        if k in dce], inputs)
         # A tuple's elements are taken out right after it (rewrite.py).
         elements: dict = {}
+        getitem = self.getitem
         for key in kept:
-            if key in needed and self.nodes[key[1] if isinstance(key, tuple) else key].getitem:
+            if key in needed and (key.node if key.__class__ is _Key else key) in getitem:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
@@ -254,12 +362,21 @@ class ScheduleModel:
             if key in emitted:
                 return
             # A grown input last: it is not held while recomputes run.
-            for a in sorted(inputs[key], key=grown.__contains__) if grown else inputs[key]:
-                emit(a)
+            # (Most inputs were emitted already: each call checked first,
+            # sorted only where one is grown.)
+            read = inputs[key]
+            if not emitted.issuperset(read):
+                if grown and not grown.isdisjoint(read):
+                    read = sorted(read, key=grown.__contains__)
+                for a in read:
+                    if a not in emitted:
+                        emit(a)
             emitted.add(key)
             sequence.append(key)
-            for element in elements.get(key, ()):
-                emit(element)
+            if key in elements:
+                for element in elements[key]:
+                    if element not in emitted:
+                        emit(element)
 
         after = {}  # placeholder -> its elements, taken out right after it
         for p in placeholders:
@@ -271,7 +388,7 @@ class ScheduleModel:
         sequence = []
         for key in kept:
             if key in needed and key not in grown \
-                    and not (isinstance(key, tuple) and key[0] != "state"):
+                    and not (key.__class__ is _Key and key.kind != "state"):
                 emit(key)
         # The output node runs last and emits what is still waiting (a grown
         # gradient nothing else reads), grown inputs last.
@@ -288,8 +405,12 @@ class ScheduleModel:
         """rewrite._grown: backward's own nodes that grow memory, and views
         of them."""
         grown: set = set()
+        side_effect, pair_impure = self.side_effect, self.pair_impure
         for key in kept:
-            if isinstance(key, tuple) or key not in needed or self._impure(key, False, pairs):
+            if key.__class__ is _Key or key not in needed:
+                continue
+            # (_impure(key, False, pairs), inlined)
+            if pair_impure if key in pairs else key in side_effect:
                 continue
             node = self.nodes[key]
             if node.grows or (not node.allocates and any(a in grown for a in node.inputs)):
@@ -301,7 +422,7 @@ class ScheduleModel:
         keeps, in the edited graph's order), and its outputs (kept to the
         end)."""
         outputs = list(self.fwd_outputs) + saved_used
-        roots = [o[1] if isinstance(o, tuple) else o for o in outputs]
+        roots = [o.node if o.__class__ is _Key else o for o in outputs]
         inputs = {i: self.nodes[i].inputs for i in kept}
         live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
         return [i for i in kept if i in live], outputs
@@ -310,9 +431,9 @@ class ScheduleModel:
 
     def _name(self, key, pairs) -> str:
         """The node's name in the rewritten graph."""
-        if isinstance(key, tuple):
-            name = self.nodes[key[1]].name
-            return copy_recomputed_name(name, key[2]) if key[0] == "copy" \
+        if key.__class__ is _Key:
+            name = self.nodes[key.node].name
+            return copy_recomputed_name(name, key.j) if key.kind == "copy" \
                 else recomputed_name(name)
         if key in pairs:  # named by FX as the rewrite creates them, in order
             k = sorted(pairs).index(key)
@@ -320,15 +441,15 @@ class ScheduleModel:
         return self.nodes[key].name
 
     def _kind(self, key) -> str:
-        return "op" if isinstance(key, tuple) and key[0] != "state" else \
-            "state" if isinstance(key, tuple) else self.nodes[key].kind
+        return "op" if key.__class__ is _Key and key.kind != "state" else \
+            "state" if key.__class__ is _Key else self.nodes[key].kind
 
     def _impure(self, key, random: bool, pairs: set) -> bool:
         """Kept by dead-code elimination (``random``: FX's default, random
         ops kept) or by the backward schedule (random ops dropped). A random
         op forward replaces by run_and_save_rng_state is pure."""
-        if isinstance(key, tuple):
-            return random and self.nodes[key[1]].state_bytes > 0 and self.replay_impure
+        if key.__class__ is _Key:
+            return random and self.nodes[key.node].state_bytes > 0 and self.replay_impure
         if key in pairs:
             return self.pair_impure
         node = self.nodes[key]
@@ -340,7 +461,7 @@ class ScheduleModel:
         ids = self.impure if random else self.side_effect
         replays = random and self.replay_impure
         return [k for k in keys
-                if (k.__class__ is tuple and replays and self.nodes[k[1]].state_bytes > 0)
+                if (k.__class__ is _Key and replays and self.nodes[k.node].state_bytes > 0)
                 or (k in pairs and self.pair_impure) or (k in ids and k not in pairs)]
 
     def _inlined(self, sequence: list, inputs: dict, outputs, pairs: set,
@@ -363,24 +484,25 @@ class ScheduleModel:
                     users.setdefault(a, []).append(key)
 
         def node_of(key):
-            return nodes[key[1]] if key.__class__ is tuple else nodes[key]
+            return nodes[key.node] if key.__class__ is _Key else nodes[key]
 
         def fuses(key):
-            if key.__class__ is tuple:
-                return key[0] != "state" and node_of(key).fuses and not node_of(key).state_bytes
+            if key.__class__ is _Key:
+                return key.kind != "state" and node_of(key).fuses and not node_of(key).state_bytes
             return key not in pairs and nodes[key].fuses
 
         return inlined_keys(
             ops, inputs=lambda k: inputs.get(k, ()),
             users=lambda k: users.get(k, ()), outputs=set(outputs), fuses=fuses,
-            reduction=lambda k: not (k.__class__ is tuple and k[0] == "state")
+            reduction=lambda k: not (k.__class__ is _Key and k.kind == "state")
             and node_of(k).reduction,
             op=lambda k: node_of(k).op, cpu=lambda k: node_of(k).cpu)
 
     def _storages(self, key) -> tuple:
-        if isinstance(key, tuple) and key[0] == "state":
-            return ((-1 - key[1], self.nodes[key[1]].state_device_bytes),)
-        if isinstance(key, tuple):  # a copy or the clone
+        """A key's storages: (reference, bytes) each."""
+        if key.__class__ is _Key and key.kind == "state":
+            return ((-1 - key.node, self.nodes[key.node].state_device_bytes),)
+        if key.__class__ is _Key:  # a copy or the clone
             return self.fresh[key]
         return self.nodes[key].storages
 
@@ -388,7 +510,7 @@ class ScheduleModel:
         return {ref for k in keys for ref, _ in self._storages(k)}
 
     def _allocate(self, key, walk: _Walk, extra=(), storages=None) -> None:
-        node = self.nodes[key[1] if isinstance(key, tuple) else key]
+        node = self.nodes[key.node if key.__class__ is _Key else key]
         if not node.counted:
             return
         found = self._storages(key) if storages is None else storages
@@ -397,72 +519,125 @@ class ScheduleModel:
                 walk.live[ref] = nbytes
                 walk.total += nbytes
 
-    def _run(self, sequence, inputs, keep: set, walk: _Walk, phase: str,
+    def _run(self, sequence, reads, keep: set, walk: _Walk, phase: str,
              placeholders: set, pairs: set, inlined: set = frozenset()) -> None:
-        """memory.py's walk of one graph; ``pairs``: random nodes forward
-        runs as run_and_save_rng_state, allocating their generator state;
-        ``inlined``: keys never allocated (fused). (``_allocate``, inlined:
-        this loop is most of a candidate's time.)"""
-        memo: dict = {}
-        storages, own = self._storages, self.storages
+        """memory.py's walk of one graph; ``reads``: each key's storages
+        read (``_reads`` of its inputs; a key not in it reads none);
+        ``pairs``: random nodes forward runs as run_and_save_rng_state,
+        allocating their generator state; ``inlined``: keys never allocated
+        (fused).
 
-        def storages_of(key):
-            if key.__class__ is int:
-                return own[key]
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = storages(key)
-            return found
-
-        found_at = [storages_of(key) for key in sequence]
-        last: dict = {}
-        first = last.setdefault
-        for index, key in enumerate(sequence):
-            for ref, _ in found_at[index]:
-                first(ref, index)
+        The walk node by node (what ``_allocate`` does at each node, then
+        the peak check, then the frees) gives every storage at most two
+        stretches live: from its first allocation, or from the start where
+        it is live already, to its free; and, if it is allocated again after
+        that free, to the end. Each is found with numpy, their bytes summed
+        per node, and the peak taken: this walk is most of a plan's time."""
+        n = len(sequence)
+        if not n:
+            return
+        # (A _Key's storages are in self.fresh: it is a copy or a
+        # generator state.)
+        own, fresh = self.storages, self.fresh
+        found_at = [own[key] if key.__class__ is int else fresh[key] for key in sequence]
+        for index, key in enumerate(sequence) if pairs else ():
             if key in pairs:
-                first(-1 - key, index)
-            for arg in inputs.get(key, ()):
-                for ref, _ in storages_of(arg):
-                    last[ref] = index
-        frees: dict[int, list] = {}
-        for ref, index in last.items():
-            if ref not in keep:
-                frees.setdefault(index, []).append(ref)
-        nodes, live, not_counted = self.nodes, walk.live, walk.not_counted
-        total, peak, peak_key = walk.total, walk.peak, None
-        for index, key in enumerate(sequence):
-            copy = key.__class__ is tuple
-            node = nodes[key[1]] if copy else nodes[key]
-            if node.counted and key not in inlined:
-                found = found_at[index]
-                if key in pairs:
-                    found = found + ((-1 - key, node.state_device_bytes),)
-                for ref, nbytes in found:
-                    if ref not in live and ref not in not_counted:
-                        live[ref] = nbytes
-                        total += nbytes
-            now = total
-            if key not in placeholders:
-                now += node.workspace
-                if copy and node.state_device_bytes:
-                    now += node.state_device_bytes  # a replay holds the state it replaces
-            if now > peak:
-                peak, peak_key = now, key
-            for ref in frees.get(index, ()):
-                total -= live.pop(ref, 0)
-        walk.total, walk.peak = total, peak
-        if peak_key is not None:
-            walk.peak_at = f"{phase}:{self._name(peak_key, pairs)}"
+                found_at[index] += ((-1 - key, self.nodes[key].state_device_bytes),)
+        # Per node: its joint node, what it adds while it runs, whether it
+        # allocates.
+        at = np.fromiter([key if key.__class__ is int else -1 - key.node for key in sequence],
+                         np.int64, n)
+        copy = at < 0
+        node = np.where(copy, -1 - at, at)
+        extra = self.workspace[node] + np.where(copy, self.state_device[node], 0)
+        if placeholders:
+            extra[np.fromiter(map(placeholders.__contains__, sequence), bool, n)] = 0
+        allocates = self.counted[node]
+        if inlined:
+            allocates &= ~np.fromiter(map(inlined.__contains__, sequence), bool, n)
+        # Per storage named (as an index: its reference + len(nodes)), in
+        # order: which node names it, its bytes there.
+        count = np.fromiter(map(len, found_at), np.int64, n)
+        pairs_of = np.fromiter(chain.from_iterable(chain.from_iterable(found_at)), np.int64,
+                               2 * int(count.sum())).reshape(-1, 2)
+        ref, nbytes = pairs_of[:, 0] + self.ref_offset, pairs_of[:, 1]
+        named_at = np.repeat(np.arange(n), count)
+        read = list(map(reads.get, sequence, repeat((), n)))
+        count = np.fromiter(map(len, read), np.int64, n)
+        read_ref = np.fromiter(chain.from_iterable(read), np.int64, int(count.sum()))
+        read_ref += self.ref_offset
+        read_at = np.repeat(np.arange(n), count)
+        size = self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)
+        # Each storage is freed after its last reader, or where none reads
+        # it its first producer, unless kept (never: n).
+        free = np.full(size, n, np.int64)
+        np.minimum.at(free, ref, named_at)
+        last_read = np.full(size, -1, np.int64)
+        np.maximum.at(last_read, read_ref, read_at)
+        free = np.where(last_read >= 0, last_read, free)
+        free[self._indices(keep)] = n
+        # Allocations tried: storages a counted node names, outside
+        # not_counted; the first makes a storage live (its bytes counted).
+        tried = allocates[named_at] & ~self._mask(walk.not_counted, size)[ref]
+        t_ref, t_at, t_bytes = ref[tried], named_at[tried], nbytes[tried]
+        position = np.arange(len(t_ref))
+        none = len(t_ref)
+        first = np.full(size, none, np.int64)
+        np.minimum.at(first, t_ref, position)
+        live0 = self._indices(walk.live)
+        begin = np.full(size, n, np.int64)
+        held = np.zeros(size, np.int64)   # bytes of the first stretch
+        made = (first < none) & ~self._mask(walk.live, size)
+        begin[made] = t_at[first[made]]
+        held[made] = t_bytes[first[made]]
+        begin[live0] = -1
+        held[live0] = np.fromiter(walk.live.values(), np.int64, len(walk.live))
+        alive = made.copy()
+        alive[live0] = True
+        # The first stretch ends at the free if that comes after its start.
+        ends = alive & (free < n) & (free >= begin)
+        # Allocated again after the free: live to the end.
+        after = ends[t_ref] & (t_at > free[t_ref])
+        second = np.full(size, none, np.int64)
+        np.minimum.at(second, t_ref[after], position[after])
+        again = second < none
+        change = np.zeros(n + 1, np.int64)
+        np.add.at(change, begin[made], held[made])
+        np.add.at(change, free[ends] + 1, -held[ends])
+        np.add.at(change, t_at[second[again]], t_bytes[second[again]])
+        level = walk.total + np.cumsum(change)
+        now = level[:n] + extra
+        top = int(now.max())
+        if top > walk.peak:
+            walk.peak = top
+            walk.peak_at = f"{phase}:{self._name(sequence[int(now.argmax())], pairs)}"
+        walk.total = int(level[n])
+        # What is live at the end, with the bytes it was allocated with.
+        last_bytes = np.where(again, t_bytes[np.minimum(second, none - 1)], held) if none \
+            else held
+        remains = np.flatnonzero((alive & ~ends) | again)
+        walk.live = dict(zip((remains - self.ref_offset).tolist(),
+                             last_bytes[remains].tolist()))
+
+    def _indices(self, refs) -> np.ndarray:
+        """Storage references as indices into _run's arrays."""
+        return np.fromiter(refs, np.int64, len(refs)) + self.ref_offset
+
+    def _mask(self, refs, size: int) -> np.ndarray:
+        """Which of ``size`` indices are among ``refs``."""
+        mask = np.zeros(size, bool)
+        mask[self._indices(refs)] = True
+        return mask
 
 
-def _pick(value, step: int, copies: dict):
+def _pick(value, step: int, copies: dict, begins: dict):
     """What a reader needing ``value`` at backward ``step`` reads: the last
-    of its copies begun by then (the first if none is), or the value."""
+    of its copies begun by then (the first if none is), or the value.
+    ``begins``: each value's copies' first steps, as in ``copies``."""
     made = copies.get(value)
     if made is None:
         return value
-    k = bisect.bisect_right([start for start, _ in made], step) - 1
+    k = bisect.bisect_right(begins[value], step) - 1
     return made[max(k, 0)][1]
 
 
@@ -503,6 +678,13 @@ def _forward_nodes(nodes: list[ModelNode], primals: list[int]) -> list[int]:
             valid.add(i)
             kept.append(i)
     return kept
+
+
+def _reads(inputs: tuple, storages) -> tuple:
+    """The storages a node with ``inputs`` reads (``storages(key)``: a
+    key's storages), by reference, repeats kept: what ``_run`` frees a
+    storage after."""
+    return tuple(ref for a in inputs for ref, _ in storages(a))
 
 
 def _ancestors(roots, inputs) -> set:
