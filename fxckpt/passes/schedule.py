@@ -108,6 +108,9 @@ class ScheduleModel:
         self.side_effect = {i for i, n in enumerate(nodes) if n.side_effect}
         self.getitem = {i for i, n in enumerate(nodes) if n.getitem}
         self.forward_nodes = _forward_nodes(nodes, self.primals)
+        # Nodes reading a node the joint graph placed among backward's.
+        self.reads_late = {i for i, n in enumerate(nodes)
+                           if any(a >= first_backward for a in n.inputs)}
         self.users: list[list[int]] = [[] for _ in nodes]
         for i, node in enumerate(nodes):
             for a in dict.fromkeys(node.inputs):
@@ -164,7 +167,7 @@ class ScheduleModel:
         again = {self.index[n]: steps for n, steps in decision.again}
         order, inputs, copies, changed = self._edited(recomputed, again)
         forward_nodes = self.forward_nodes
-        if any(a >= self.first_backward for r in recomputed for a in self.nodes[r].inputs):
+        if not self.reads_late.isdisjoint(recomputed):
             # Copies read forward-side values the joint graph placed among
             # backward nodes: the rewrite moves those up (and so forward runs
             # them in another order).
@@ -178,9 +181,9 @@ class ScheduleModel:
         # but where the rewrite changed a key's inputs (_reads, inlined).
         reads = dict(self.reads)
         own, fresh = self.storages, self.fresh
-        reads.update((key, tuple(ref for a in inputs[key]
-                                 for ref, _ in (own[a] if a.__class__ is int else fresh[a])))
-                     for key in (*changed, *placeholders))
+        reads.update({key: [ref for a in inputs[key]
+                            for ref, _ in (own[a] if a.__class__ is int else fresh[a])]
+                      for key in (*changed, *placeholders)})
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {s.node for s in states}  # forward runs these as run_and_save_rng_state
         # Saved values backward does not read are dropped from both graphs
