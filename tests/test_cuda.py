@@ -3,9 +3,13 @@ where the device's own generator, allocator and kernels are in play.
 
 - Loss and every gradient equal eager PyTorch's bit for bit, on every zoo
   model built on the device, under the default plan, recompute-all and the
-  floor (random ops replayed from the CUDA generator's saved philox state).
+  floor (random ops replayed from the CUDA generator's saved philox state);
+  where torch.compile(backend="aot_eager") itself is not bitwise eager's,
+  equal to aot_eager's.
 - A byte budget holds for the device allocator's measured step peak, at the
-  floor fxckpt names and between it and the default plan's peak.
+  floor plan's predicted peak and between it and the default plan's; on
+  every zoo model at five budgets, the measured peak is within 10% of the
+  plan's prediction.
 - With Inductor (random ops falling back to aten, as tests/test_inductor.py
   does on the CPU), fxckpt's recomputing plan matches Inductor without it.
 """
