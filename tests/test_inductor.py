@@ -23,15 +23,24 @@ except ImportError:  # pragma: no cover
     from zoo import ZOO
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                    reason="needs CUDA"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("name, solver, exact", [("gpt", "recompute_all", False),
                                                  ("cnn_bn", "auto", True)])
-def test_inductor_matches_inductor_without_recompute(name, solver, exact):
+def test_inductor_matches_inductor_without_recompute(name, solver, exact, device):
+    """The zoo case built on ``device`` (weights, inputs and what its loss
+    closes over), the same seeds on each."""
     with inductor_config.patch(fallback_random=True):
         torch._dynamo.reset()
-        model, inputs, loss_fn = fresh(ZOO[name])
+        with torch.device(device):
+            model, inputs, loss_fn = fresh(ZOO[name])
         ref = run_step(torch.compile(model), inputs, loss_fn)
         torch._dynamo.reset()
-        model, inputs, loss_fn = fresh(ZOO[name])
+        with torch.device(device):
+            model, inputs, loss_fn = fresh(ZOO[name])
         be = fxckpt.backend(compiler="inductor", solver=solver)
         got = run_step(torch.compile(model, backend=be), inputs, loss_fn)
         torch._dynamo.reset()
