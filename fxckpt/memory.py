@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxckpt.attention_scratch import attention_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
 from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
@@ -244,8 +245,8 @@ def workspace_bytes(node: fx.Node) -> int:
     as two scalar tensors; an elementwise op given a Python number (``x *
     0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
     tensor operand of another dtype, to the dtype it computes in. CUDA
-    kernels of these ops are fused, take scalars as arguments or use
-    workspaces the allocator reports separately: counted as 0.
+    kernels of these ops are fused or take scalars as arguments: counted as
+    0; CUDA's attention kernels hold accumulators (``attention_scratch``).
     ``_safe_softmax`` (the attention softmax of a row that may be all
     -inf) is ATen's own composite code on every device: besides its output
     it holds a bool mask of its input, the mask reduced over ``dim`` and a
@@ -253,14 +254,18 @@ def workspace_bytes(node: fx.Node) -> int:
     """
     if node.target is _aten._safe_softmax.default:
         return _safe_softmax_scratch(node)
-    if device_type(node) != "cpu":
-        return 0
     target, args, extra = node.target, node.args, 0
     if target is run_with_rng_state:
-        # Holds the generator state it replaces while the op runs.
+        # Holds the generator state it replaces while the op runs (a host
+        # tensor on CUDA).
         target, args, extra = args[1], args[2:], _nbytes(args[0])
     elif target is run_and_save_rng_state:
         target, args = args[0], args[1:]
+    device = device_type(node)
+    if device == "cuda":
+        return attention_scratch(target, args, concrete)
+    if device != "cpu":
+        return 0
     packet = getattr(target, "overloadpacket", None)
     operand = _WORKSPACE.get(packet, ())
     if packet is _aten.native_dropout_backward:

@@ -1,0 +1,210 @@
+"""Scratch memory of the CUDA attention kernels: what they allocate and free
+inside their own call, besides their outputs.
+
+Measured on an H200 (132 SMs, torch 2.11) with PyTorch's CUDA allocator,
+over batch 1-16, heads 1-32, sequences 32-4096, head dims 16-256, float32 and
+bfloat16, with and without dropout, masks and causality, in both layouts.
+The rules below match within 32 KiB, except that the allocator itself can
+count up to 1 MiB more for an allocation over 1 MiB (it hands out the whole
+rest of a cached segment when less than 1 MiB would be left):
+
+- memory-efficient attention's backward accumulates the query's gradient in
+  float32, over query rows padded to 64 (head dim <= 64) or 128 and head dims
+  padded to 64, and holds two float rows per query; it pads a mask whose last
+  dimension is not a multiple of 8, and copies ``grad_out`` unless it is
+  contiguous in the kernel's (batch, seq, head, dim) layout. On 16-bit
+  values with head dims over 128 it also accumulates the key's and value's
+  gradients in float32, and its forward the output; otherwise its forward
+  holds nothing.
+- flash attention's backward accumulates the query's gradient in float32 over
+  rows padded to 128 and head dims padded to 32 (64 above 128), with a float
+  per padded row and one per row, and copies ``grad_out`` twice when it is
+  not in the kernel's layout. Its forward, without dropout, splits the keys
+  across blocks when the batch and heads do not fill the device, and
+  accumulates each split's output and row statistics in float32 (the split
+  count is flash attention's own rule, from the number of SMs).
+- cuDNN attention's backward holds a float32 copy of the query's gradient and
+  two float rows per query.
+
+Each kernel also allocates a few small tensors (philox state, row sums):
+up to 28 KiB at the largest shapes measured, counted as 32 KiB.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+_aten = torch.ops.aten
+_BLOCK = 512      # the CUDA allocator's block
+_SMALL = 32768    # the kernels' small tensors, in whole blocks
+# The SM count assumed where the graph's device cannot be asked (planning on
+# a machine without it): an H100's and H200's, which most large runs use.
+_DEFAULT_SMS = 132
+
+
+def attention_scratch(target, args: tuple, size: Callable[[object], int]) -> int:
+    """Scratch bytes of the call ``target(*args)`` (graph nodes as arguments)
+    if it is a CUDA attention kernel, else 0. ``size`` turns a (possibly
+    symbolic) size into an int."""
+    if target is _aten._scaled_dot_product_efficient_attention_backward.default:
+        return _efficient_backward(args, size)
+    if target is _aten._scaled_dot_product_flash_attention_backward.default:
+        return _flash_backward(args, size)
+    if target is _aten._scaled_dot_product_flash_attention.default:
+        return _flash_forward(args, size)
+    if target is _aten._scaled_dot_product_efficient_attention.default:
+        return _efficient_forward(args, size)
+    if target is _aten._scaled_dot_product_cudnn_attention_backward.default:
+        return _cudnn_backward(args, size)
+    return 0
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // _BLOCK) * _BLOCK
+
+
+def _pad(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _val(arg):
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _shape(args: tuple, first: int, size) -> tuple[int, int, int, int, int] | None:
+    """(batch, heads, query rows, key rows, head dim) of an attention call
+    whose query is argument ``first`` and key the next."""
+    if len(args) < first + 2:
+        return None
+    query, key = _val(args[first]), _val(args[first + 1])
+    if query is None or key is None or query.dim() != 4:
+        return None
+    b, h, m, d = (size(s) for s in query.shape)
+    return b, h, m, size(key.shape[-2]), d
+
+
+def _in_kernel_layout(tensor: torch.Tensor | None, size) -> bool:
+    """Whether a (batch, head, seq, dim) tensor is contiguous as (batch, seq,
+    head, dim), the layout the kernels read without a copy."""
+    if tensor is None or tensor.dim() != 4:
+        return True
+    b, h, m, d = (size(s) for s in tensor.shape)
+    strides = [size(s) for s in tensor.stride()]
+    expected = {0: h * m * d, 2: h * d, 1: d, 3: 1}
+    return all(strides[i] == expected[i] for i in range(4) if (b, h, m, d)[i] > 1)
+
+
+def _copy_bytes(tensor: torch.Tensor | None, size) -> int:
+    return 0 if tensor is None else _blocks(size(tensor.numel()) * tensor.element_size())
+
+
+def _efficient_backward(args: tuple, size) -> int:
+    shape = _shape(args, 1, size)
+    if shape is None:
+        return 0
+    b, h, m, n, d = shape
+    rows = 64 if d <= 64 else 128
+    scratch = _blocks(b * h * _pad(m, rows) * _pad(d, 64) * 4) + 2 * _blocks(b * h * m * 4)
+    mask = _val(args[4]) if len(args) > 4 else None
+    if mask is not None and mask.dim() and size(mask.shape[-1]) % 8:
+        padded = math.prod(size(s) for s in mask.shape[:-1]) * _pad(size(mask.shape[-1]), 8)
+        scratch += _blocks(padded * mask.element_size())
+    grad_out = _val(args[0])
+    if not _in_kernel_layout(grad_out, size):
+        scratch += _copy_bytes(grad_out, size)
+    if _accumulates_in_float(args[1], d):
+        scratch += 2 * _blocks(b * h * n * d * 4)   # the key's and value's gradients
+    return scratch + _SMALL
+
+
+def _efficient_forward(args: tuple, size) -> int:
+    shape = _shape(args, 0, size)
+    if shape is None or not _accumulates_in_float(args[0], shape[4]):
+        return 0
+    b, h, m, n, d = shape
+    return _blocks(b * h * m * d * 4)
+
+
+def _accumulates_in_float(query, head_dim: int) -> bool:
+    """Memory-efficient attention on 16-bit values with head dims over 128
+    accumulates its output (forward) and the key's and value's gradients
+    (backward) in float32 buffers."""
+    value = _val(query)
+    return value is not None and value.element_size() < 4 and head_dim > 128
+
+
+def _flash_dim(d: int) -> int:
+    return _pad(d, 32 if d <= 128 else 64)
+
+
+def _flash_backward(args: tuple, size) -> int:
+    shape = _shape(args, 1, size)
+    if shape is None:
+        return 0
+    b, h, m, n, d = shape
+    rows = _pad(m, 128)
+    scratch = (_blocks(b * h * rows * _flash_dim(d) * 4) + _blocks(b * h * rows * 4)
+               + _blocks(b * h * m * 4))
+    grad_out = _val(args[0])
+    if not _in_kernel_layout(grad_out, size):
+        scratch += 2 * _copy_bytes(grad_out, size)
+    return scratch + _SMALL
+
+
+def _flash_forward(args: tuple, size) -> int:
+    shape = _shape(args, 0, size)
+    dropout = args[3] if len(args) > 3 else 0.0
+    if shape is None or not isinstance(dropout, (int, float)) or dropout > 0:
+        return 0   # with dropout the keys are never split
+    b, h, m, n, d = shape
+    key_block = 256 if d <= 64 else 128 if d <= 128 else 64
+    splits = flash_splits(b * h * -(-m // 64), 2 * _sm_count(_val(args[0])),
+                          -(-n // key_block), 128)
+    if splits <= 1:
+        return 0
+    return _blocks(splits * b * h * m * 4) + _blocks(splits * b * h * m * _flash_dim(d) * 4)
+
+
+def flash_splits(blocks: int, sms: int, key_blocks: int, most: int) -> int:
+    """How many parts flash attention's forward splits the keys into: 1 when
+    ``blocks`` (batch x heads x query blocks) nearly fill ``sms``, else the
+    fewest parts whose waves of blocks fill the SMs within 85% of the best."""
+    if blocks >= 0.8 * sms:
+        return 1
+    most = min(most, sms, key_blocks)
+
+    def eligible(k: int) -> bool:
+        return k == 1 or -(-key_blocks // k) != -(-key_blocks // (k - 1))
+
+    efficiency = {}
+    for k in range(1, most + 1):
+        if eligible(k):
+            waves = blocks * k / sms
+            efficiency[k] = waves / math.ceil(waves)
+    best = max(efficiency.values(), default=0.0)
+    return next((k for k, e in efficiency.items() if e >= 0.85 * best), 1)
+
+
+def _cudnn_backward(args: tuple, size) -> int:
+    shape = _shape(args, 1, size)
+    if shape is None:
+        return 0
+    b, h, m, n, d = shape
+    return _blocks(b * h * m * d * 4) + 2 * _blocks(b * h * m * 4) + _SMALL
+
+
+def _sm_count(tensor: torch.Tensor | None) -> int:
+    if tensor is None or tensor.device.type != "cuda" or not torch.cuda.is_available():
+        return _DEFAULT_SMS
+    return _device_sms(tensor.device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -1,0 +1,126 @@
+"""The memory model's scratch for CUDA's attention kernels against what an
+H200 measured (torch 2.11, CUDA allocator: the peak inside the call above
+what was allocated after it). Runs on the CPU with fake CUDA tensors.
+
+Rows were measured by running each kernel through
+``F.scaled_dot_product_attention`` under ``sdpa_kernel`` and
+``torch.autograd.grad``; layout "bmhd" is (batch, seq, head, dim) memory
+viewed as (batch, head, seq, dim), as transformer models make it; "bhmd" is
+(batch, head, seq, dim) memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fxckpt.attention_scratch import attention_scratch, flash_splits
+from fxckpt.memory import concrete, workspace_bytes
+
+aten = torch.ops.aten
+BACKWARD = {
+    "efficient": aten._scaled_dot_product_efficient_attention_backward.default,
+    "flash": aten._scaled_dot_product_flash_attention_backward.default,
+    "cudnn": aten._scaled_dot_product_cudnn_attention_backward.default,
+}
+FORWARD = {
+    "efficient": aten._scaled_dot_product_efficient_attention.default,
+    "flash": aten._scaled_dot_product_flash_attention.default,
+}
+
+# (kernel, dtype, batch, heads, seq, head dim, dropout, layout, mask, pass, measured bytes)
+MEASURED = [
+    ("efficient", torch.float32, 1, 1, 1000, 16, 0.0, "bhmd", False, "backward", 270848),
+    ("efficient", torch.bfloat16, 2, 1, 256, 128, 0.1, "bhmd", False, "backward", 266752),
+    ("efficient", torch.float32, 2, 1, 100, 64, 0.0, "bhmd", True, "backward", 151552),
+    ("efficient", torch.bfloat16, 2, 4, 256, 64, 0.0, "bhmd", False, "backward", 803328),
+    ("efficient", torch.bfloat16, 8, 16, 1024, 64, 0.1, "bmhd", False, "backward", 34635776),
+    ("efficient", torch.bfloat16, 4, 32, 2048, 128, 0.0, "bhmd", False, "backward", 203456512),
+    ("efficient", torch.bfloat16, 2, 8, 512, 256, 0.0, "bmhd", False, "backward", 25235456),
+    ("efficient", torch.bfloat16, 2, 8, 512, 256, 0.0, "bmhd", False, "forward", 8388608),
+    ("efficient", torch.float32, 2, 8, 512, 256, 0.0, "bmhd", False, "backward", 8486912),
+    ("efficient", torch.float32, 2, 8, 512, 256, 0.0, "bmhd", False, "forward", 0),
+    ("flash", torch.bfloat16, 3, 1, 1000, 80, 0.0, "bhmd", False, "backward", 1205248),
+    ("flash", torch.bfloat16, 4, 32, 2048, 128, 0.1, "bmhd", False, "backward", 136315904),
+    ("flash", torch.bfloat16, 2, 8, 512, 96, 0.1, "bhmd", False, "backward", 6358016),
+    ("flash", torch.bfloat16, 1, 1, 1000, 16, 0.0, "bhmd", False, "forward", 528384),
+    ("flash", torch.bfloat16, 1, 1, 256, 80, 0.0, "bhmd", False, "forward", 198656),
+    ("flash", torch.bfloat16, 2, 8, 512, 256, 0.0, "bmhd", False, "forward", 16842752),
+    ("flash", torch.bfloat16, 2, 8, 512, 96, 0.0, "bmhd", False, "forward", 6356992),
+    ("flash", torch.bfloat16, 1, 1, 1000, 16, 0.1, "bhmd", False, "forward", 512),
+    ("flash", torch.bfloat16, 8, 16, 1024, 64, 0.0, "bmhd", False, "forward", 0),
+    ("cudnn", torch.bfloat16, 2, 1, 1000, 128, 0.0, "bhmd", False, "backward", 1041920),
+]
+
+
+def _graph_node(graph: fx.Graph, name: str, value: torch.Tensor | None):
+    if value is None:
+        return None
+    node = graph.placeholder(name)
+    node.meta["val"] = value
+    return node
+
+
+def _call(kernel, dtype, b, h, m, d, dropout, layout, mask, which):
+    """An attention call as a graph node, on fake CUDA tensors."""
+    with FakeTensorMode():
+        def make():
+            if layout == "bmhd":
+                return torch.empty(b, m, h, d, dtype=dtype, device="cuda").transpose(1, 2)
+            return torch.empty(b, h, m, d, dtype=dtype, device="cuda")
+        q, k, v, grad = make(), make(), make(), make()
+        bias = torch.empty(b, 1, m, m, dtype=dtype, device="cuda") if mask else None
+    graph = fx.Graph()
+    nq, nk, nv, ng = (_graph_node(graph, n, t) for n, t in
+                      (("q", q), ("k", k), ("v", v), ("grad", grad)))
+    nb = _graph_node(graph, "bias", bias)
+    if which == "forward":
+        if kernel == "efficient":
+            target, args = FORWARD[kernel], (nq, nk, nv, nb, True, dropout, True)
+        else:
+            target, args = FORWARD[kernel], (nq, nk, nv, dropout, True)
+        out = q
+    else:
+        target = BACKWARD[kernel]
+        args = ((ng, nq, nk, nv, nb, None, None, None, None, dropout) if kernel == "efficient"
+                else (ng, nq, nk, nv))
+        out = (q, k, v)
+    node = graph.call_function(target, args)
+    node.meta["val"] = out
+    return node
+
+
+@pytest.mark.parametrize("row", MEASURED, ids=lambda r: "-".join(map(str, r[:10])))
+def test_attention_scratch_matches_the_h200(row):
+    """Never below by more than 4 KiB, above by at most 5% and 32 KiB (the
+    kernels' small tensors, counted as 32 KiB)."""
+    *call, measured = row
+    node = _call(*call)
+    predicted = attention_scratch(node.target, node.args, concrete)
+    assert predicted >= measured - 4096, (predicted, measured)
+    assert predicted <= measured * 1.05 + 32768, (predicted, measured)
+    # The memory model counts it for the node.
+    assert workspace_bytes(node) == predicted
+
+
+def test_attention_on_the_cpu_holds_no_cuda_scratch():
+    node = _call("efficient", torch.float32, 2, 4, 256, 64, 0.0, "bhmd", False, "backward")
+    with FakeTensorMode():
+        cpu = torch.empty(2, 4, 256, 64)
+    for arg in node.args:
+        if isinstance(arg, fx.Node):
+            arg.meta["val"] = cpu
+    node.meta["val"] = (cpu, cpu, cpu)
+    assert workspace_bytes(node) == 0
+
+
+@pytest.mark.parametrize("blocks,sms,key_blocks,expected", [
+    (4, 264, 2, 2), (16, 264, 4, 4), (512, 264, 4, 1), (212, 264, 8, 1), (1, 264, 1, 1)])
+def test_flash_splits(blocks, sms, key_blocks, expected):
+    """Flash attention's rule for splitting keys: none when the blocks fill
+    80% of the SMs or there is one key block; else the first split count
+    whose waves fill the SMs within 85% of the best."""
+    assert flash_splits(blocks, sms, key_blocks, 128) == expected
+    assert 1 <= flash_splits(blocks, sms, key_blocks, 128) <= max(1, key_blocks)
