@@ -21,7 +21,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from fxckpt.compiled_peak import step_peak
+from fxckpt.compiled_peak import fallback_scratch, step_peak
 from fxckpt.addmm import SplitLateAddmm
 from fxckpt.fusion import recompute_apart
 from fxckpt.errors import BudgetError
@@ -305,7 +305,8 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str]) -> int:
     if len(planner.plans) != mark + 1 or not code.get("forward"):
         return 0
     plan = planner.plans[mark]
-    compiled = step_peak(code["forward"], code.get("backward"))
+    scratch = fallback_scratch(planner.graphs[mark]) if mark < len(planner.graphs) else {}
+    compiled = step_peak(code["forward"], code.get("backward"), scratch)
     if compiled is None or code.get("backward") is None:
         return 0
     note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "

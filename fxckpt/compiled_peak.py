@@ -15,8 +15,9 @@ handed on by ``# reuse`` lines without a new allocation, and is freed by
 and outputs), then the backward's code, with its inputs bound to the
 forward's saved values, gives the live bytes after every line and their
 maximum: the step's peak as the allocator sees it. Scratch memory that
-CPU convolution kernels allocate and free inside themselves is added as
-memory.workspace_bytes counts it; other scratch is not seen. A fallback
+CPU convolution kernels and CUDA attention kernels allocate and free inside
+themselves is added as memory.workspace_bytes counts it; other scratch is
+not seen. A fallback
 kernel's output is taken as float32 (its assert names no dtype).
 
 Why read the code rather than model Inductor or constrain it: the gap
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fxckpt.memory import device_type, tensor_bytes, workspace_bytes
+
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
 _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
 _ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
@@ -56,15 +59,19 @@ class CompiledPeak:
     held_bytes: int           # what the forward leaves for backward (saved values, outputs)
 
 
-def step_peak(forward_code: str, backward_code: str | None) -> CompiledPeak | None:
+def step_peak(forward_code: str, backward_code: str | None,
+              kernel_scratch: dict[str, int] | None = None) -> CompiledPeak | None:
     """The step's peak from Inductor's forward and backward wrapper code;
     None where the code holds lines this reading does not understand (an
     allocation of a symbolic size, a memory pool), so no figure is better
-    than a wrong one."""
+    than a wrong one. ``kernel_scratch``: for fallback kernels on CUDA that
+    hold scratch memory (attention), op name -> the most bytes one call
+    holds, its outputs included (``fallback_scratch``)."""
     try:
         forward = _call_body(forward_code)
         walk = _Walk()
         walk.cpu = "empty_strided_cpu" in forward_code or "empty_strided_" not in forward_code
+        walk.kernel_scratch = dict(kernel_scratch or {})
         returned = walk.run(forward)
         kept = {walk.names[name] for name in returned if name in walk.names}
         walk.keep_only(kept)
@@ -115,6 +122,7 @@ class _Walk:
         self.fallback: set[str] = set()
         self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
         self.cpu = True
+        self.kernel_scratch: dict[str, int] = {}
 
     def allocate(self, name: str, nbytes: int) -> None:
         storage = object()
@@ -181,11 +189,13 @@ class _Walk:
 
 
 def _scratch(walk: _Walk, output: str, op: str, operands) -> None:
-    """Scratch memory of a CPU fallback kernel while it runs, as
+    """Scratch memory of a fallback kernel while it runs, as
     memory.workspace_bytes counts it: convolution's output-sized temporary
     (known at its size assert), convolution backward's copies of its three
-    operands."""
+    operands; on CUDA, what ``kernel_scratch`` gives the op (outputs and
+    scratch together) on top of what is live when it is called."""
     if not walk.cpu:
+        walk.peak = max(walk.peak, walk.level + walk.kernel_scratch.get(op, 0))
         return
     if op == "convolution":
         walk.scratch_of[output] = op
@@ -220,3 +230,21 @@ def _nbytes(size: str, stride: str, dtype: str) -> int:
         return 0
     itemsize = getattr(torch, dtype).itemsize
     return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * itemsize
+
+
+def fallback_scratch(graphs) -> dict[str, int]:
+    """Op name -> the most bytes one call of it holds, outputs and scratch
+    together, over the nodes of ``graphs`` (the planned FX graphs) whose
+    scratch memory.workspace_bytes counts on a device other than the CPU:
+    the wrapper code names the kernel, the graphs know its shapes."""
+    found: dict[str, int] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.op != "call_function" or device_type(node) in ("", "cpu"):
+                continue
+            scratch = workspace_bytes(node)
+            packet = getattr(node.target, "overloadpacket", None)
+            if scratch and packet is not None:
+                held = scratch + tensor_bytes(node.meta.get("val"))
+                found[packet.__name__] = max(found.get(packet.__name__, 0), held)
+    return found

@@ -76,3 +76,65 @@ def test_fallback_outputs_and_convolution_scratch_are_counted():
     assert peak.peak_bytes == 640
     code = _CONV_BACKWARD.replace("buf2, (2, 8), (8, 1)", "buf2, (16, 8), (8, 1)")
     assert step_peak(_FORWARD, code).peak_bytes == 256 + 16 * 8 * 4 + 128
+
+
+_CUDA_FORWARD = _FORWARD.replace("empty_strided_cpu", "empty_strided_cuda")
+_CUDA_ATTENTION_BACKWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, view, tangents_1 = args
+        args.clear()
+        buf0 = empty_strided_cuda((4, 8), (8, 1), torch.float32)
+        buf1 = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default(buf0, view, view, view, None, view, view, view, view, 0.0, [True, True, True, False])
+        del buf0
+        buf2 = buf1[0]
+        assert_size_stride(buf2, (4, 8), (8, 1), 'torch.ops.aten._scaled_dot_product_efficient_attention_backward.default')
+        del buf1
+        return (buf2, )
+"""
+
+
+def test_cuda_attention_scratch_is_counted_where_the_kernel_runs():
+    """A CUDA attention fallback holds its outputs and its scratch (as the
+    planned graph's nodes give them) on top of what is live at the call:
+    256 held + 128 (buf0) + 10,000."""
+    name = "_scaled_dot_product_efficient_attention_backward"
+    without = step_peak(_CUDA_FORWARD, _CUDA_ATTENTION_BACKWARD)
+    assert without.peak_bytes == 256 + 128
+    held = step_peak(_CUDA_FORWARD, _CUDA_ATTENTION_BACKWARD, {name: 10_000})
+    assert held.peak_bytes == 256 + 128 + 10_000
+    # On the CPU that kernel holds no such scratch.
+    cpu = step_peak(_FORWARD, _CUDA_ATTENTION_BACKWARD.replace("empty_strided_cuda",
+                                                               "empty_strided_cpu"),
+                    {name: 10_000})
+    assert cpu.peak_bytes == without.peak_bytes
+
+
+def test_fallback_scratch_reads_the_planned_graphs():
+    """fallback_scratch gives a CUDA attention backward its outputs plus the
+    scratch memory.workspace_bytes counts; CPU nodes give nothing."""
+    import torch
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxckpt.compiled_peak import fallback_scratch
+    from fxckpt.memory import workspace_bytes
+
+    op = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+    found = {}
+    for device in ("cuda", "cpu"):
+        with FakeTensorMode():
+            q = torch.empty(2, 32, 4, 16, device=device).transpose(1, 2)
+        graph = fx.Graph()
+        args = []
+        for name in ("grad", "q", "k", "v"):
+            args.append(graph.placeholder(name))
+            args[-1].meta["val"] = q
+        node = graph.call_function(op, (*args, None, None, None, None, None, 0.0))
+        node.meta["val"] = (q, q, q)
+        found[device] = (fallback_scratch([graph]), workspace_bytes(node))
+    scratch, workspace = found["cuda"]
+    assert workspace > 0
+    assert scratch == {"_scaled_dot_product_efficient_attention_backward":
+                       workspace + 3 * 2 * 4 * 32 * 16 * 4}
+    assert found["cpu"] == ({}, 0)
