@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fxckpt.attention_scratch import attention_scratch
+from fxckpt.cuda_scratch import cuda_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
 from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
@@ -246,7 +246,8 @@ def workspace_bytes(node: fx.Node) -> int:
     0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
     tensor operand of another dtype, to the dtype it computes in. CUDA
     kernels of these ops are fused or take scalars as arguments: counted as
-    0; CUDA's attention kernels hold accumulators (``attention_scratch``).
+    0; CUDA's attention kernels and embedding backward hold buffers
+    (``cuda_scratch``).
     ``_safe_softmax`` (the attention softmax of a row that may be all
     -inf) is ATen's own composite code on every device: besides its output
     it holds a bool mask of its input, the mask reduced over ``dim`` and a
@@ -263,7 +264,7 @@ def workspace_bytes(node: fx.Node) -> int:
         target, args = args[0], args[1:]
     device = device_type(node)
     if device == "cuda":
-        return attention_scratch(target, args, concrete)
+        return cuda_scratch(target, args, concrete)
     if device != "cpu":
         return 0
     packet = getattr(target, "overloadpacket", None)

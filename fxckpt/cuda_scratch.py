@@ -1,5 +1,6 @@
-"""Scratch memory of the CUDA attention kernels: what they allocate and free
-inside their own call, besides their outputs.
+"""Scratch memory of CUDA kernels: what they allocate and free inside their
+own call, besides their outputs. Attention's kernels (measured) and the
+embedding's backward (read from its source).
 
 Measured on an H200 (132 SMs, torch 2.11) with PyTorch's CUDA allocator,
 over batch 1-16, heads 1-32, sequences 32-4096, head dims 16-256, float32 and
@@ -28,6 +29,12 @@ rest of a cached segment when less than 1 MiB would be left):
 
 Each kernel also allocates a few small tensors (philox state, row sums):
 up to 28 KiB at the largest shapes measured, counted as 32 KiB.
+
+The embedding's dense backward (ATen's EmbeddingBackwardKernel.cu) sums
+each looked-up row's gradient into a buffer of one row per index, in
+float32 for 16-bit gradients, besides sorting the indices and holding four
+more index-sized arrays; counted as that buffer and eight index arrays (the
+sort's own scratch included). Not measured on a device yet.
 """
 
 from __future__ import annotations
@@ -47,9 +54,9 @@ _SMALL = 32768    # the kernels' small tensors, in whole blocks
 _DEFAULT_SMS = 132
 
 
-def attention_scratch(target, args: tuple, size: Callable[[object], int]) -> int:
-    """Scratch bytes of the call ``target(*args)`` (graph nodes as arguments)
-    if it is a CUDA attention kernel, else 0. ``size`` turns a (possibly
+def cuda_scratch(target, args: tuple, size: Callable[[object], int]) -> int:
+    """Scratch bytes of the CUDA kernel ``target(*args)`` (graph nodes as
+    arguments): 0 for kernels without any. ``size`` turns a (possibly
     symbolic) size into an int."""
     if target is _aten._scaled_dot_product_efficient_attention_backward.default:
         return _efficient_backward(args, size)
@@ -61,6 +68,8 @@ def attention_scratch(target, args: tuple, size: Callable[[object], int]) -> int
         return _efficient_forward(args, size)
     if target is _aten._scaled_dot_product_cudnn_attention_backward.default:
         return _cudnn_backward(args, size)
+    if target is _aten.embedding_dense_backward.default:
+        return _embedding_backward(args, size)
     return 0
 
 
@@ -197,6 +206,16 @@ def _cudnn_backward(args: tuple, size) -> int:
         return 0
     b, h, m, n, d = shape
     return _blocks(b * h * m * d * 4) + 2 * _blocks(b * h * m * 4) + _SMALL
+
+
+def _embedding_backward(args: tuple, size) -> int:
+    """embedding_dense_backward(grad_output, indices, num_weights, ...)."""
+    grad, indices = (_val(args[0]), _val(args[1])) if len(args) > 1 else (None, None)
+    if grad is None or indices is None or grad.dim() == 0:
+        return 0
+    count, width = size(indices.numel()), size(grad.shape[-1])
+    partial = 4 if grad.element_size() < 4 else grad.element_size()
+    return _blocks(count * width * partial) + 8 * _blocks(count * indices.element_size())
 
 
 def _sm_count(tensor: torch.Tensor | None) -> int:

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fxckpt.attention_scratch import attention_scratch, flash_splits
+from fxckpt.cuda_scratch import cuda_scratch, flash_splits
 from fxckpt.memory import concrete, workspace_bytes
 
 aten = torch.ops.aten
@@ -98,7 +98,7 @@ def test_attention_scratch_matches_the_h200(row):
     kernels' small tensors, counted as 32 KiB)."""
     *call, measured = row
     node = _call(*call)
-    predicted = attention_scratch(node.target, node.args, concrete)
+    predicted = cuda_scratch(node.target, node.args, concrete)
     assert predicted >= measured - 4096, (predicted, measured)
     assert predicted <= measured * 1.05 + 32768, (predicted, measured)
     # The memory model counts it for the node.
@@ -124,3 +124,25 @@ def test_flash_splits(blocks, sms, key_blocks, expected):
     whose waves fill the SMs within 85% of the best."""
     assert flash_splits(blocks, sms, key_blocks, 128) == expected
     assert 1 <= flash_splits(blocks, sms, key_blocks, 128) <= max(1, key_blocks)
+
+
+def test_embedding_backward_holds_a_row_per_index():
+    """CUDA embedding backward sums into one row per index (float32 for
+    16-bit gradients) and holds eight index-sized arrays: 2,048 tokens of
+    width 512 take 4 MiB of partial sums whether the gradient is float32 or
+    bfloat16, and 8 x 16 KiB of indices; none on the CPU."""
+    op = aten.embedding_dense_backward.default
+    found = {}
+    for device, dtype in (("cuda", torch.float32), ("cuda", torch.bfloat16), ("cpu", torch.float32)):
+        with FakeTensorMode():
+            grad = torch.empty(4, 512, 512, dtype=dtype, device=device)
+            ids = torch.empty(4, 512, dtype=torch.int64, device=device)
+        graph = fx.Graph()
+        g, i = _graph_node(graph, "grad", grad), _graph_node(graph, "ids", ids)
+        node = graph.call_function(op, (g, i, 2048, -1, False))
+        with FakeTensorMode():
+            node.meta["val"] = torch.empty(2048, 512, dtype=dtype, device=device)
+        found[device, dtype] = workspace_bytes(node)
+    expected = 2048 * 512 * 4 + 8 * 2048 * 8
+    assert found["cuda", torch.float32] == found["cuda", torch.bfloat16] == expected
+    assert found["cpu", torch.float32] == 0
