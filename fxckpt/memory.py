@@ -247,7 +247,11 @@ def workspace_bytes(node: fx.Node) -> int:
     tensor operand of another dtype, to the dtype it computes in. CUDA
     kernels of these ops are fused or take scalars as arguments: counted as
     0; CUDA's attention kernels and embedding backward hold buffers
-    (``cuda_scratch``).
+    (``cuda_scratch``). Layer norm's CPU backward holds a float row per
+    parameter gradient per thread, cumsum converts its input to the
+    output's dtype, and functional batch norm holds two float rows
+    (``_CPU_BUFFERS``; ``fxckpt bench --suite scratch`` checks each planned
+    op against all of this).
     ``_safe_softmax`` (the attention softmax of a row that may be all
     -inf) is ATen's own composite code on every device: besides its output
     it holds a bool mask of its input, the mask reduced over ``dim`` and a
@@ -274,7 +278,40 @@ def workspace_bytes(node: fx.Node) -> int:
         extra += 8 + _element_size(node)
     elif packet in _WRAPS_NUMBERS:
         extra += _wrapped_number_bytes(args)
+    elif packet in _CPU_BUFFERS:
+        extra += _CPU_BUFFERS[packet](node, args)
     return extra + sum(_nbytes(args[i]) if i >= 0 else _output_bytes(node) for i in operand)
+
+
+def _layer_norm_backward_buffers(node: fx.Node, args) -> int:
+    """Per thread, a float row of the weight's and of the bias's gradient
+    (those asked for), summed after (torch 2.13's CPU kernel; fxckpt bench
+    --suite scratch measured 2 x 64 x 4 bytes at one thread, twice that at
+    two)."""
+    mask = args[7] if len(args) > 7 and isinstance(args[7], (list, tuple)) else (True,) * 3
+    width = 1
+    for size in (args[2] if len(args) > 2 and isinstance(args[2], (list, tuple)) else ()):
+        width *= concrete(size)
+    return torch.get_num_threads() * width * 4 * (bool(mask[1]) + bool(mask[2]))
+
+
+def _cumsum_buffers(node: fx.Node, args) -> int:
+    """A copy of the input in the output's dtype, where they differ (a bool
+    mask summed into int64: 8 bytes an element)."""
+    value, out = (args[0].meta.get("val") if isinstance(args[0], fx.Node) else None), \
+        node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor) \
+            or value.dtype == out.dtype:
+        return 0
+    return concrete(value.numel()) * out.element_size()
+
+
+def _batch_norm_buffers(node: fx.Node, args) -> int:
+    """Two float rows of the channels (the batch's mean and variance)."""
+    value = args[0].meta.get("val") if isinstance(args[0], fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return 0
+    return 2 * concrete(value.shape[1]) * 4
 
 
 def _wrapped_number_bytes(args) -> int:
@@ -325,6 +362,12 @@ _WRAPS_NUMBERS = frozenset({
     _aten.add, _aten.sub, _aten.rsub, _aten.mul, _aten.div, _aten.remainder, _aten.fmod,
     _aten.floor_divide, _aten.eq, _aten.ne, _aten.lt, _aten.le, _aten.gt, _aten.ge,
     _aten.bitwise_and, _aten.bitwise_or, _aten.bitwise_xor, _aten.xlogy, _aten.copysign})
+# CPU ops that hold buffers of their own, by rule (fxckpt bench --suite scratch).
+_CPU_BUFFERS = {
+    _aten.native_layer_norm_backward: _layer_norm_backward_buffers,
+    _aten.cumsum: _cumsum_buffers,
+    _aten._native_batch_norm_legit_functional: _batch_norm_buffers,
+}
 # op -> which tensors' bytes the scratch equals (-1: the op's output).
 _WORKSPACE = {
     _aten.native_dropout: (0,),

@@ -14,6 +14,7 @@ import torch
 from fxckpt.bench import compile as bench_compile
 from fxckpt.bench import offload as bench_offload
 from fxckpt.bench import report as bench_report
+from fxckpt.bench import scratch as bench_scratch
 from fxckpt.bench import run as bench
 from fxckpt.bench import solvers as bench_solvers
 from fxckpt.bench.run import Progress, machine
@@ -28,6 +29,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_offload(args, command)
     if args.suite == "compile":
         return _run_compile(args, command)
+    if args.suite == "scratch":
+        return _run_scratch(args, command)
     overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads}
     if args.size is not None:
         overrides["size"] = args.size
@@ -101,6 +104,21 @@ def _run_compile(args: argparse.Namespace, command: str) -> int:
                                        threads=args.threads, progress=Progress(sys.stderr))
     result.update(command=command, machine=machine(args.threads))
     return _write_suite(args.out, "compile", result, bench_compile.compile_markdown(result))
+
+
+def _run_scratch(args: argparse.Namespace, command: str) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        result = bench_scratch.run_scratch(
+            models=tuple(args.model or MODEL_NAMES), device=device,
+            size=args.size or ("tiny" if args.quick else "small"),
+            note=lambda line: print(line, file=sys.stderr))
+    finally:
+        torch.set_num_threads(threads)
+    result.update(command=command, machine=machine(args.threads))
+    return _write_suite(args.out, "scratch", result, bench_scratch.scratch_markdown(result))
 
 
 def _write_suite(out: str, stem: str, result: dict, text: str) -> int:

@@ -45,8 +45,9 @@ def add_bench(subparsers) -> None:
             "and correctness. Writes bench.json, bench.md and pareto.png. "
             "--suite solvers times the solvers instead; --suite offload "
             "measures CPU offload on a CUDA device; --suite compile times "
-            "compiles, torch's and fxckpt's, as the GPT grows."))
-    parser.add_argument("--suite", choices=("models", "solvers", "offload", "compile"),
+            "compiles, torch's and fxckpt's, as the GPT grows; --suite scratch "
+            "checks each planned op's scratch memory against the memory model."))
+    parser.add_argument("--suite", choices=("models", "solvers", "offload", "compile", "scratch"),
                         default="models",
                         help="models: the side-by-side table (default); solvers: "
                              "solve time on a ~10,000-node graph and the fast "
@@ -54,9 +55,12 @@ def add_bench(subparsers) -> None:
                              "outputs saved on the device vs offloaded to host "
                              "memory (needs CUDA); compile: first-step compile time "
                              "of a GPT, 4 to 64 layers, torch and fxckpt, with and "
-                             "without a budget, in a first and a second process")
+                             "without a budget, in a first and a second process; "
+                             "scratch: every op of the planned graphs run alone, its "
+                             "scratch memory against the memory model's")
     parser.add_argument("--device", default=None,
-                        help="--suite offload: the device (default: cuda)")
+                        help="--suite offload: the device (default: cuda); --suite "
+                             "scratch: the device (default: cuda where there is one)")
     parser.add_argument("--model", action="append", choices=BENCH_MODEL_NAMES,
                         help="a model; repeat for several (default: the built-in "
                              "gpt, cnn and mlp; hf_gpt2 and hf_llama, tiny Hugging "
