@@ -14,8 +14,9 @@ names, checkpoint regions), its inputs (sizes, strides, dtypes, devices,
 requires_grad, aliasing), the options the graph is planned with (its share
 of the budget, compiler, solver, runs per step, offload bandwidth, the
 policy written out by fxckpt/policies/digest.py), torch's compiler
-configuration (which shapes the joint graph), grad mode and autocast, and
-the versions of Python, torch and fxckpt's own source.
+configuration (which shapes the joint graph), grad mode and autocast, the
+thread count and the CUDA devices (the memory model counts kernels' scratch
+by them), and the versions of Python, torch and fxckpt's own source.
 
 There is no key -- the plan is not cached, and its notes say why -- for a
 graph with symbolic sizes (planned at sizes the graph does not show), a
@@ -102,9 +103,15 @@ def _options_text(options: Options, num_lifted_params: int) -> str:
 def _state_text() -> str:
     autocast = {device: (torch.is_autocast_enabled(device), str(torch.get_autocast_dtype(device)))
                 for device in ("cpu", "cuda")}
+    # The memory model reads the thread count (CPU kernels' per-thread
+    # buffers) and the device's SM count (flash attention splits its keys
+    # by it): a plan made under other ones counts other scratch.
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
     return (f"grad={torch.is_grad_enabled()} autocast={autocast} "
             f"default_dtype={torch.get_default_dtype()} "
-            f"deterministic={torch.are_deterministic_algorithms_enabled()}")
+            f"deterministic={torch.are_deterministic_algorithms_enabled()} "
+            f"threads={torch.get_num_threads()} cuda={devices}")
 
 
 def _config_text() -> str:

@@ -87,6 +87,15 @@ def test_key_follows_every_option_that_shapes_a_plan():
     assert plan_key(gm, example_inputs, base, num_lifted_params=3).digest != keys[0]
     other_gm, other_inputs = cache_worker.dynamo_graph(cache_worker.Small(), torch.randn(8, 16))
     assert plan_key(other_gm, other_inputs, base).digest != keys[0]
+    # The memory model counts per-thread CPU buffers: another thread count,
+    # another key.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert plan_key(gm, example_inputs, base).digest != keys[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert plan_key(gm, example_inputs, base).digest == keys[0]
 
 
 def test_symbolic_sizes_are_not_keyed():
