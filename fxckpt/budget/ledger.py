@@ -293,10 +293,12 @@ class GraphRunner:
     begins, and can swap in a re-planned compile between steps."""
 
     def __init__(self, compiled, ledger: StepLedger, on_new_step: Callable[[], None],
-                 on_backward: Callable[[], None] | None = None) -> None:
+                 on_backward: Callable[[], None] | None = None,
+                 on_run: Callable[[Any], None] | None = None) -> None:
         self.ledger = ledger
         self.on_new_step = on_new_step
         self.on_backward = on_backward   # called as the graph's backward begins
+        self.on_run = on_run             # called with the inputs before each training run
         self.entry: LedgerEntry | None = None
         self.size_check: Callable[[Any], None] | None = None   # dynamic sizes (fxckpt/budget/sizes.py)
         self.set_compiled(compiled)
@@ -315,6 +317,8 @@ class GraphRunner:
             self.size_check(flat)
         if self.ledger.ran(self.entry):
             self.on_new_step()
+        if self.on_run is not None:
+            self.on_run(flat)
         out = self.compiled(*args)
         self._mark_backward(out)
         return out

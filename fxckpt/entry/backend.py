@@ -13,6 +13,7 @@ import torch.fx as fx
 from fxckpt.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
+from fxckpt.budget.measured import StepPeakWatch, cuda_device, over_budget_warning
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory import at_sizes, storage_key
@@ -62,6 +63,12 @@ class Backend:
         self._first_step_checked = False
         self._end_of_backward_queued = False
         self._floors_made_of: list[str] = []   # of graphs refused at their compile
+        # The first step's peak on a CUDA device, measured (budget/measured.py):
+        # bytes, or None where not measured (no byte budget, not CUDA, or the
+        # process had peaked higher before the step).
+        self.first_step_peak_bytes: int | None = None
+        self._watch: StepPeakWatch | None = None
+        self._watched = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         budget = self.options.budget
@@ -73,7 +80,8 @@ class Backend:
                 raise surface_through_dynamo(error) from None
         frame, compile = compile_key(gm)
         source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
-        runner = GraphRunner(None, self.ledger, self._on_new_step, self._on_backward)
+        runner = GraphRunner(None, self.ledger, self._on_new_step, self._on_backward,
+                             self._on_run)
         sizes = self._sizes.plan_at(frame, gm)
         try:
             options, planner = self._plan_and_compile(gm, example_inputs, runner, frame,
@@ -144,12 +152,39 @@ class Backend:
             runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
         return options, planner
 
+    def _on_run(self, inputs) -> None:
+        """A graph is about to run for training: the first one of the first
+        step starts watching the CUDA allocator's peak under a byte budget."""
+        if self._watched or self._byte_budget() is None:
+            return
+        self._watched = True
+        device = cuda_device(inputs)
+        if device is not None:
+            self._watch = StepPeakWatch(device)
+            self._watch.start()
+
+    def _watch_ended(self) -> None:
+        """The first backward ended: the step's measured peak, and a warning
+        where it is over the byte budget."""
+        watch, self._watch = self._watch, None
+        budget = self._byte_budget()
+        if watch is None or budget is None:
+            return
+        self.first_step_peak_bytes = watch.peak()
+        if self.first_step_peak_bytes is not None and self.first_step_peak_bytes > budget:
+            warnings.warn(over_budget_warning(self.first_step_peak_bytes, budget, watch.device,
+                                              format_bytes), stacklevel=2)
+
     def _on_backward(self) -> None:
         """A graph's backward began. Where a graph of the first step ran at
         its floor over the budget (and no fallback regions, which
         ``fxckpt.compile`` checks at its own step boundary, are in the step),
         the step is checked as soon as this backward ends, so a budget below
-        the step's floor is refused from the first ``backward()``."""
+        the step's floor is refused from the first ``backward()``. The first
+        step's measured peak is read as the backward ends."""
+        if self._watch is not None and not self._watch.queued:
+            self._watch.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._watch_ended)
         if not self._over_budget or self._first_step_checked or self.regions is not None \
                 or self._end_of_backward_queued:
             return
