@@ -107,3 +107,14 @@ def test_the_hooks_read_the_peak_as_the_first_backward_ends(monkeypatch):
     assert be.first_step_peak_bytes == (1 << 20) + 4096
     compiled(torch.randn(4, 8)).sum().backward()     # later steps are not watched
     assert len(reads) == 2
+
+
+def test_a_step_that_compiled_a_graph_meanwhile_is_not_read():
+    allocator = FakeAllocator(allocated=1_000, peak=2_000)
+    backend = _watching(10_000, allocator)
+    backend._watch.compiled_meanwhile = True
+    allocator.peak = 50_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend._watch_ended()
+    assert backend.first_step_peak_bytes is None

@@ -10,7 +10,9 @@ The allocator's peak counter cannot be reset without changing what the
 user reads from it, so it is read, not reset: its value at the end of the
 first backward, if above its value when the step began, is the step's peak
 (less what was allocated when the step began). If the process had peaked
-higher before, the step's own peak is not known and nothing is said.
+higher before, the step's own peak is not known and nothing is said; nor
+where a graph was compiled inside the step (a graph break), as compiling
+can allocate on the device.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class StepPeakWatch:
         self.device, self.reader = device, reader
         self.allocated_at_start = self.peak_before = 0
         self.queued = False      # its reading is queued for the end of backward
+        self.compiled_meanwhile = False   # a graph compiled inside the step: not read
 
     def start(self) -> None:
         self.allocated_at_start = self.reader.memory_allocated(self.device)

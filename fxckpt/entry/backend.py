@@ -71,6 +71,10 @@ class Backend:
         self._watched = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+        if self._watch is not None:
+            # Compiling inside the watched step (a graph break) can allocate
+            # on the device (Inductor's benchmarks): the peak is not the step's.
+            self._watch.compiled_meanwhile = True
         budget = self.options.budget
         if budget is not None and budget.fit and budget.bytes is None:
             # budget="fit" becomes bytes once, at the first graph (fxckpt/budget/fit.py).
@@ -168,7 +172,7 @@ class Backend:
         where it is over the byte budget."""
         watch, self._watch = self._watch, None
         budget = self._byte_budget()
-        if watch is None or budget is None:
+        if watch is None or budget is None or watch.compiled_meanwhile:
             return
         self.first_step_peak_bytes = watch.peak()
         if self.first_step_peak_bytes is not None and self.first_step_peak_bytes > budget:
