@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import torch
@@ -98,5 +99,8 @@ def step(budget: int):
 
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
+    if os.environ.get("CACHE_WORKER_THREADS"):
+        # The key reads the thread count: the parent's, not this process's default.
+        torch.set_num_threads(int(os.environ["CACHE_WORKER_THREADS"]))
     result = key(rest[0] if rest else None) if mode == "key" else step(int(rest[0]))
     print(json.dumps(result))

@@ -59,7 +59,9 @@ def _stored(directory: Path) -> list[Path]:
 
 # -- the key -----------------------------------------------------------------
 
-def test_key_is_the_same_in_another_process(tmp_path):
+def test_key_is_the_same_in_another_process(tmp_path, monkeypatch):
+    # The key reads the thread count, which earlier tests may have set here.
+    monkeypatch.setenv("CACHE_WORKER_THREADS", str(torch.get_num_threads()))
     gm, example_inputs = cache_worker.dynamo_graph(*cache_worker.small())
     for policy in (None, "save_matmuls_fn"):
         options = Options.create(policy=getattr(cache_worker, policy or "", None))
