@@ -52,8 +52,9 @@ def simulate(forward: fx.Graph, backward: fx.Graph | None = None, *,
 
 def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str, *,
               fused: bool = False) -> tuple[dict[str, int], str, int]:
-    """What the memory live just after node ``at`` ("phase:name") is made of:
-    bytes per kind, and the largest single value with its bytes."""
+    """What the memory live while node ``at`` ("phase:name") runs is made of:
+    bytes per kind (the node's own scratch as "kernel scratch"), and the
+    largest single value with its bytes."""
     walk = _walk(forward, backward, stop_at=at, fused=fused)
     saved = _output_storages(forward, walk.storages)
     grads = _output_storages(backward, walk.storages) if backward is not None else set()
@@ -72,6 +73,8 @@ def breakdown(forward: fx.Graph, backward: fx.Graph | None, at: str, *,
         else:
             kind = "forward temporaries"
         parts[kind] = parts.get(kind, 0) + nbytes
+    if walk.stop_scratch:
+        parts["kernel scratch"] = walk.stop_scratch
     return parts, walk.producer.get(largest[0], "?"), largest[1]
 
 
@@ -196,6 +199,7 @@ class _Walk:
         self.live_bytes = sum(live.values())  # kept as ``live`` changes: read per node
         self.not_counted = not_counted
         self.stop_at, self.stopped = stop_at, False
+        self.stop_scratch = 0   # the scratch the node stopped at holds while it runs
         self.producer: dict[StorageWeakRef, str] = {}
         self.peak, self.peak_at, self.points = 0, "", []
 
@@ -225,7 +229,7 @@ class _Walk:
             if total > self.peak:
                 self.peak, self.peak_at = total, point(phase, node.name)
             if self.stop_at is not None and self.stop_at == point(phase, node.name):
-                self.stopped = True
+                self.stopped, self.stop_scratch = True, workspace_bytes(node)
                 return
             for ref in frees.get(index, ()):
                 if ref not in keep:

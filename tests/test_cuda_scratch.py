@@ -146,3 +146,19 @@ def test_embedding_backward_holds_a_row_per_index():
     expected = 2048 * 512 * 4 + 8 * 2048 * 8
     assert found["cuda", torch.float32] == found["cuda", torch.bfloat16] == expected
     assert found["cpu", torch.float32] == 0
+
+
+def test_the_peak_breakdown_names_kernel_scratch():
+    """Where the peak is an attention backward's call, what the peak is made
+    of includes its scratch ("kernel scratch"), and the parts add up to the
+    peak the memory model gives."""
+    from fxckpt.memory import breakdown, simulate
+
+    node = _call("efficient", torch.bfloat16, 2, 8, 512, 64, 0.0, "bmhd", False, "backward")
+    graph = node.graph
+    graph.output((node,))
+    timeline = simulate(graph)
+    assert timeline.peak_at == f"forward:{node.name}"
+    parts, _, _ = breakdown(graph, None, timeline.peak_at)
+    assert parts["kernel scratch"] == workspace_bytes(node) > 0
+    assert sum(parts.values()) == timeline.peak_bytes
