@@ -58,19 +58,8 @@ def cuda_scratch(target, args: tuple, size: Callable[[object], int]) -> int:
     """Scratch bytes of the CUDA kernel ``target(*args)`` (graph nodes as
     arguments): 0 for kernels without any. ``size`` turns a (possibly
     symbolic) size into an int."""
-    if target is _aten._scaled_dot_product_efficient_attention_backward.default:
-        return _efficient_backward(args, size)
-    if target is _aten._scaled_dot_product_flash_attention_backward.default:
-        return _flash_backward(args, size)
-    if target is _aten._scaled_dot_product_flash_attention.default:
-        return _flash_forward(args, size)
-    if target is _aten._scaled_dot_product_efficient_attention.default:
-        return _efficient_forward(args, size)
-    if target is _aten._scaled_dot_product_cudnn_attention_backward.default:
-        return _cudnn_backward(args, size)
-    if target is _aten.embedding_dense_backward.default:
-        return _embedding_backward(args, size)
-    return 0
+    rule = _RULES.get(target)
+    return rule(args, size) if rule is not None else 0
 
 
 def _blocks(nbytes: int) -> int:
@@ -227,3 +216,14 @@ def _sm_count(tensor: torch.Tensor | None) -> int:
 @functools.lru_cache(maxsize=None)
 def _device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# Each kernel's rule, by its ATen overload.
+_RULES = {
+    _aten._scaled_dot_product_efficient_attention_backward.default: _efficient_backward,
+    _aten._scaled_dot_product_efficient_attention.default: _efficient_forward,
+    _aten._scaled_dot_product_flash_attention_backward.default: _flash_backward,
+    _aten._scaled_dot_product_flash_attention.default: _flash_forward,
+    _aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward,
+    _aten.embedding_dense_backward.default: _embedding_backward,
+}
