@@ -12,8 +12,8 @@ more than ``TOLERANCE`` bytes: what to measure and model next, on the device
 that matters.
 
 Measured scratch is the allocator's peak during the call less the op's
-output bytes (CUDA: ``max_memory_allocated``; CPU: the profiler's
-allocation events). Inputs hold uniform values in [-0.5, 0.5) and indices
+output bytes (``measure.measure_peak_bytes``: CUDA's allocator counters, the
+CPU profiler's allocation events). Inputs hold uniform values in [-0.5, 0.5) and indices
 0, so data-dependent kernels (embedding backward's segments) run their
 smallest case.
 """
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from fxckpt.bench.measure import cpu_memory_deltas, peak_of
+from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.memory import device_type, tensor_bytes, workspace_bytes
 
 # Bytes of unmodeled scratch an op may hold before it is reported.
@@ -126,16 +126,7 @@ def _measured_scratch(node: fx.Node, device: torch.device) -> int | None:
 
     try:
         call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            out = call()
-            torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device) - before
-            del out
-        else:
-            peak = peak_of(cpu_memory_deltas(call))
+        peak = measure_peak_bytes(call, device=device)
     except Exception:     # an op that cannot run on made-up values: not measured
         return None
     return max(0, peak - tensor_bytes(node.meta.get("val")))
