@@ -302,20 +302,24 @@ def _layer_norm_backward_buffers(node: fx.Node, args) -> int:
 def _cumsum_buffers(node: fx.Node, args) -> int:
     """A copy of the input in the output's dtype, where they differ (a bool
     mask summed into int64: 8 bytes an element)."""
-    value, out = (args[0].meta.get("val") if isinstance(args[0], fx.Node) else None), \
-        node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor) \
-            or value.dtype == out.dtype:
+    value, out = _tensor_of(args[0]), node.meta.get("val")
+    if value is None or not isinstance(out, torch.Tensor) or value.dtype == out.dtype:
         return 0
     return concrete(value.numel()) * out.element_size()
 
 
 def _batch_norm_buffers(node: fx.Node, args) -> int:
     """Two float rows of the channels (the batch's mean and variance)."""
-    value = args[0].meta.get("val") if isinstance(args[0], fx.Node) else None
-    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+    value = _tensor_of(args[0])
+    if value is None or value.dim() < 2:
         return 0
     return 2 * concrete(value.shape[1]) * 4
+
+
+def _tensor_of(arg) -> torch.Tensor | None:
+    """The tensor a graph argument holds (its fake value), else None."""
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _wrapped_number_bytes(args) -> int:
