@@ -17,6 +17,7 @@ from fxckpt.bench import report as bench_report
 from fxckpt.bench import scratch as bench_scratch
 from fxckpt.bench import run as bench
 from fxckpt.bench import solvers as bench_solvers
+from fxckpt.bench.measure import using_threads
 from fxckpt.bench.run import Progress, machine
 from fxckpt.models import MODEL_NAMES
 
@@ -68,15 +69,11 @@ def _bench_command(args: argparse.Namespace) -> str:
 
 def _run_solvers(args: argparse.Namespace, command: str) -> int:
     layers = args.layers[-1] if args.layers else (12 if args.quick else 58)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with using_threads(args.threads):
         result = bench_solvers.run_solvers(
             n_layer=layers, models=tuple(args.model or MODEL_NAMES),
             size=args.size or ("tiny" if args.quick else "small"),
             progress=Progress(sys.stderr))
-    finally:
-        torch.set_num_threads(threads)
     result.update(command=command, machine=machine(args.threads))
     return _write_suite(args.out, "solvers", result, bench_solvers.solvers_markdown(result))
 
@@ -108,15 +105,11 @@ def _run_compile(args: argparse.Namespace, command: str) -> int:
 
 def _run_scratch(args: argparse.Namespace, command: str) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with using_threads(args.threads):
         result = bench_scratch.run_scratch(
             models=tuple(args.model or MODEL_NAMES), device=device,
             size=args.size or ("tiny" if args.quick else "small"),
             note=lambda line: print(line, file=sys.stderr))
-    finally:
-        torch.set_num_threads(threads)
     result.update(command=command, machine=machine(args.threads))
     return _write_suite(args.out, "scratch", result, bench_scratch.scratch_markdown(result))
 

@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from fxckpt.bench.measure import using_threads
+
 WAYS = ("fxckpt_budget", "fxckpt_default", "torch_budget", "torch_default")
 COMPILERS = ("aot_eager", "inductor")
 LAYERS = (4, 8, 16, 32, 64)
@@ -88,12 +90,8 @@ def _cpu_seconds() -> float:
 
 def _measure_way(way: str, n_layer: int, compiler: str, budget: float,
                  threads: int = 1) -> dict:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with using_threads(threads):
         return _time_way(way, n_layer, compiler, budget)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def run_row_processes(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:

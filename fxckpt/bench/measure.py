@@ -16,6 +16,7 @@ space, NumPy arrays) is not seen.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -24,6 +25,17 @@ import torch
 
 
 StepFn = Callable[[], Any]
+
+
+@contextlib.contextmanager
+def using_threads(threads: int):
+    """torch's intra-op thread count set to ``threads`` inside, as it was after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 # --- peak memory -------------------------------------------------------------

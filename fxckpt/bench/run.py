@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from fxckpt.bench import work as bench_measure
+from fxckpt.bench.measure import using_threads
 from fxckpt.bench import ways as bench_ways
 from fxckpt.bench.ways import EAGER, FXCKPT, TORCH, Step, Way
 from fxckpt.errors import BudgetError
@@ -71,13 +72,9 @@ class ModelResult:
 def run_bench(config: BenchConfig, *, progress=None) -> dict:
     """Run every way on every model; return what bench.json holds."""
     progress = progress or Progress(sys.stderr)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
     started = time.perf_counter()
-    try:
+    with using_threads(config.threads):
         models = [run_model(name, config, progress) for name in config.models]
-    finally:
-        torch.set_num_threads(threads)
     return {
         "schema": SCHEMA,
         "config": asdict(config),
@@ -151,13 +148,9 @@ def measure_rows(model: str, keys, *, size: str = "small", repeat: int = 3,
 
     config = BenchConfig(models=(model,), size=size, repeat=repeat, min_seconds=0.0,
                          threads=threads, inductor=any("inductor" in k for k in keys))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with using_threads(threads):
         result = run_model(model, config, progress or Progress(None), keys=tuple(keys),
                            sweep=False)
-    finally:
-        torch.set_num_threads(previous)
     return Rows([row for row in result.rows if row["key"] in keys])
 
 
