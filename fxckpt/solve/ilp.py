@@ -12,12 +12,14 @@ Constraints:
   base_k + sum_i size_i (A_ki (s_i - o_i) + B_ki (r_i + o_i))
          + replay . r <= budget                                       (each stage k)
 (A: a saved value is live at stage k; B: a value backward computes, or
-reloads, is live at stage k.) Those rows are written as running totals, one
-variable m_k per stage: m_k = m_{k-1} + (row k - row k-1) . x, m_k <= budget
-- base_k. A value is live over one or two runs of stages, so the differences
-have a few entries per value where the rows have one per stage it is live
-(Problem.stage_steps): the same programme with a tenth of the entries, which
-HiGHS solves in two thirds of the time on a 58-layer GPT.
+reloads, is live at stage k.) The linear relaxation writes those rows as
+running totals, one variable m_k per stage: m_k = m_{k-1} + (row k - row
+k-1) . x, m_k <= budget - base_k. A value is live over one or two runs of
+stages, so the differences have a few entries per value where the rows
+have one per stage it is live (Problem.stage_steps): the same programme
+with a tenth of the entries, solved in two thirds of the time on a 58-layer
+GPT. The integer programme keeps the rows whole: with the totals HiGHS's
+branch and bound took 2.5 times as long on a 4-layer GPT's frontier.
 Objective: sum_i cost_i r_i + sum_i transfer_i o_i
            + penalty * (PREFER_SAVE / PREFER_RECOMPUTE overridden) + eps * sum_i size_i s_i.
 The penalty exceeds any recompute cost, so a preference is overridden only
@@ -47,12 +49,10 @@ def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
     exists. ``node_limit``: the search stops after that many branch-and-bound
     nodes instead of after ``time_limit`` seconds (the answer then does not
     depend on the machine's speed or load)."""
-    c, bounds = _objective_and_bounds(problem, budget)
-    constraints = _constraints(problem)
+    c, bounds = _objective_and_bounds(problem)
+    constraints = _constraints(problem, budget)
     limit = {"time_limit": time_limit} if node_limit is None else {"node_limit": node_limit}
-    integral = np.ones(len(c))
-    integral[_width(problem):] = 0     # the running totals
-    result = milp(c=c, integrality=integral, bounds=bounds, constraints=constraints,
+    result = milp(c=c, integrality=np.ones(len(c)), bounds=bounds, constraints=constraints,
                   options={**limit, "mip_rel_gap": 1e-4, "presolve": True})
     if result.x is None:
         raise Infeasible(result.message)
@@ -63,12 +63,16 @@ def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
 
 def relaxed_saved(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarray]:
     """The linear relaxation's fraction saved, and offloaded, of each value."""
-    c, bounds = _objective_and_bounds(problem, budget)
-    result = milp(c=c, integrality=np.zeros(len(c)), bounds=bounds,
-                  constraints=_constraints(problem))
+    c, bounds = _objective_and_bounds(problem)
+    structure, totals = _constraints(problem, budget, running_totals=True)
+    stages = len(problem.stage_base)
+    result = milp(c=np.concatenate([c, np.zeros(stages)]), integrality=np.zeros(len(c) + stages),
+                  bounds=Bounds(np.concatenate([bounds.lb, np.full(stages, -np.inf)]),
+                                np.concatenate([bounds.ub, budget - problem.stage_base])),
+                  constraints=[structure, totals])
     if result.x is None:
         raise Infeasible(result.message)
-    saved, _, offloaded = _split(problem, result.x)
+    saved, _, offloaded = _split(problem, result.x[:len(c)])
     return saved, offloaded
 
 
@@ -77,16 +81,11 @@ def _split(problem: Problem, x: np.ndarray):
     spread back over all values."""
     n = problem.n
     offloaded = np.zeros(n, dtype=x.dtype)
-    offloaded[np.flatnonzero(problem.can_offload)] = x[2 * n:_width(problem)]
+    offloaded[np.flatnonzero(problem.can_offload)] = x[2 * n:]
     return x[:n], x[n:2 * n], offloaded
 
 
-def _width(problem: Problem) -> int:
-    """How many variables are the plan's (s, r, o); the running totals follow."""
-    return 2 * problem.n + int(problem.can_offload.sum())
-
-
-def _objective_and_bounds(problem: Problem, budget: float):
+def _objective_and_bounds(problem: Problem):
     movable = np.flatnonzero(problem.can_offload)
     cost = problem.cost
     penalty = 10.0 * (float(cost.sum()) + 1e-9) + 1.0
@@ -100,13 +99,13 @@ def _objective_and_bounds(problem: Problem, budget: float):
     # tolerance cannot end the search early.
     c = np.concatenate([c_save, c_recompute, problem.transfer[movable]])
     scale = _OBJECTIVE_SCALE / max(float(np.abs(c).max()), 1e-30)
-    stages = len(problem.stage_base)
-    return (np.concatenate([c * scale, np.zeros(stages)]),
-            Bounds(np.concatenate([np.zeros(len(c)), np.full(stages, -np.inf)]),
-                   np.concatenate([upper, budget - problem.stage_base])))
+    return c * scale, Bounds(np.zeros(len(c)), upper)
 
 
-def _constraints(problem: Problem) -> list[LinearConstraint]:
+def _constraints(problem: Problem, budget: float, *, running_totals: bool = False
+                 ) -> list[LinearConstraint]:
+    """The structure rows, then the memory rows: whole, or as running totals
+    over one more variable per stage, after the plan's (module docstring)."""
     n = problem.n
     # Rows of two or three entries, built as arrays (a 58-layer GPT has
     # some 30,000): (columns per row, values per row, lower, upper).
@@ -145,18 +144,31 @@ def _constraints(problem: Problem) -> list[LinearConstraint]:
     rows, cols, vals = (np.concatenate(a) for a in (rows, cols, vals))
     lower, upper = np.concatenate(lower), np.concatenate(upper)
     width = 2 * n + len(movable)
-    stages = len(problem.stage_base)
+    stages = len(problem.stage_base) if running_totals else 0
     structure = sp.csr_array((vals, (rows, cols)), shape=(count, width + stages))
-    # The memory rows as running totals (module docstring). An offloaded
-    # value leaves the saved rows (A) for the backward lifetime rows (B): o_i
-    # moves size_i from one to the other. Generator states are held at
-    # every stage: they enter the first total.
+    if running_totals:
+        return [LinearConstraint(structure, lower, upper), _running_totals(problem, movable)]
+    # An offloaded value leaves the saved rows (A) for the backward lifetime
+    # rows (B): o_i moves size_i from one to the other.
+    moved = (problem.stage_recomputed - problem.stage_saved)[:, movable] * problem.size[movable]
+    memory = np.hstack([problem.stage_saved * problem.size,
+                        problem.stage_recomputed * problem.size
+                        + problem.replay[None, :], moved])
+    return [LinearConstraint(structure, lower, upper),
+            LinearConstraint(memory, -np.inf, budget - problem.stage_base)]
+
+
+def _running_totals(problem: Problem, movable: np.ndarray) -> LinearConstraint:
+    """m_k - m_{k-1} = (row k - row k-1) . x for each stage k (m_-1 = 0):
+    the memory rows' differences (Problem.stage_steps), generator states
+    entering the first total as they are held at every stage."""
+    n, stages = problem.n, len(problem.stage_base)
     saved_steps, recomputed_steps = problem.stage_steps
     replay = sp.csr_array((problem.replay, (np.zeros(n, dtype=np.int64), np.arange(n))),
                           shape=(stages, n))
     moved = sp.csr_array(recomputed_steps[:, movable] - saved_steps[:, movable])
     totals = sp.eye_array(stages, k=-1) - sp.eye_array(stages)
-    memory = sp.hstack([saved_steps * problem.size[None, :],
-                        recomputed_steps * problem.size[None, :] + replay,
-                        moved * problem.size[movable][None, :], totals], format="csr")
-    return [LinearConstraint(structure, lower, upper), LinearConstraint(memory, 0.0, 0.0)]
+    rows = sp.hstack([saved_steps * problem.size[None, :],
+                      recomputed_steps * problem.size[None, :] + replay,
+                      moved * problem.size[movable][None, :], totals], format="csr")
+    return LinearConstraint(rows, 0.0, 0.0)
