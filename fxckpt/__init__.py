@@ -10,7 +10,7 @@ from fxckpt.naming import name
 from fxckpt.options import parse_budget
 from fxckpt.entry.pareto import pareto
 from fxckpt.entry.transform import transform
-from fxckpt.plan import Plan
+from fxckpt.report.plan import Plan
 
 __all__ = [
     "backend", "compile", "transform", "checkpoint", "checkpoint_sequential", "explain",

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from fxckpt.errors import BudgetError, FxckptError
 from fxckpt.options import format_bytes
-from fxckpt.plan import Plan
+from fxckpt.report.plan import Plan
 
 
 def plans_fingerprint(plans: Sequence[Plan]) -> str:

@@ -1,5 +1,5 @@
 """Plain data passed between the stages: Profile -> Tags -> Decision (-> Plan,
-in fxckpt.plan), and the small enums they use.
+in fxckpt.report.plan), and the small enums they use.
 
 Nothing here holds an ``fx.Node``: every value is keyed by node name, so a stage
 can be tested with data made by hand and printed without a graph.

@@ -61,7 +61,7 @@ def dynamo_graph(model, x):
 
 
 def key(policy_name: str | None):
-    from fxckpt.cache import plan_key
+    from fxckpt.planning.cache import plan_key
     from fxckpt.options import Options
 
     gm, example_inputs = dynamo_graph(*small())

@@ -17,11 +17,11 @@ def plan_afresh():
 
 @pytest.fixture(autouse=True)
 def frontiers_afresh(monkeypatch):
-    """Each test starts with no frontier remembered (fxckpt/memo.py): tests
+    """Each test starts with no frontier remembered (fxckpt/planning/memo.py): tests
     monkeypatch stages the memo's key cannot see."""
-    import fxckpt.memo
+    import fxckpt.planning.memo
 
-    monkeypatch.setattr(fxckpt.memo, "FRONTIERS", fxckpt.memo.FrontierMemo())
+    monkeypatch.setattr(fxckpt.planning.memo, "FRONTIERS", fxckpt.planning.memo.FrontierMemo())
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""fxckpt/addmm.py: an ``addmm`` whose add comes late is split back into a
+"""fxckpt/inductor/addmm.py: an ``addmm`` whose add comes late is split back into a
 matmul made as soon as its operands are and an add where the ``addmm`` was,
 where that holds fewer bytes; under Inductor, a tied head's gradient
 matmul then runs at the start of the backward, not at its end."""
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxckpt
-from fxckpt.addmm import SplitLateAddmm
+from fxckpt.inductor.addmm import SplitLateAddmm
 
 _aten = torch.ops.aten
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import fxckpt
 import fxckpt.options
-import fxckpt.pipeline
+import fxckpt.planning.pipeline
 import fxckpt.solve.frontier as frontier
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError, PlanError
@@ -56,7 +56,7 @@ def _with_again(problem, names=None, gap=0.0):
 def solver_named(monkeypatch):
     """Register a solver under a name the options accept, for this test."""
     def register(name, strategy):
-        monkeypatch.setitem(fxckpt.pipeline.BASELINES, name, strategy)
+        monkeypatch.setitem(fxckpt.planning.pipeline.BASELINES, name, strategy)
         monkeypatch.setattr(fxckpt.options, "SOLVERS", fxckpt.options.SOLVERS + (name,))
         return name
     return register
@@ -193,7 +193,7 @@ def test_floor_below_single_recompute_and_per_block_on_gpt_at_256(monkeypatch, r
     with monkeypatch.context() as patched:
         patched.setattr(frontier, "_AGAIN_BASES", 0)
         # Planned afresh, not selected from the frontier just built.
-        patched.setattr(fxckpt.pipeline.Planner, "memoizes", False)
+        patched.setattr(fxckpt.planning.pipeline.Planner, "memoizes", False)
         single_floor = _floor(make, reset)
     assert floor < single_floor
     measured, plans = _measured(make, reset, budget=floor)

@@ -13,7 +13,7 @@ from fxckpt import cli
 from fxckpt.bench import compile as bench_compile
 from fxckpt.bench.solvers import capture_joint
 from fxckpt.options import Options
-from fxckpt.pipeline import Planner
+from fxckpt.planning.pipeline import Planner
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import torch
 
 import fxckpt
 from fxckpt.entry.backend import Backend
-from fxckpt.cache import plan_key
-from fxckpt.capture import compile_planned
+from fxckpt.planning.cache import plan_key
+from fxckpt.planning.capture import compile_planned
 from fxckpt.options import Budget, Options
-from fxckpt.pipeline import Planned
+from fxckpt.planning.pipeline import Planned
 from fxckpt.policies import recompute_all, save_matmuls
 from fxckpt.policies.digest import Unkeyable, function_text, policy_text
 from fxckpt.policies.builtin import by_module, first, save_ops

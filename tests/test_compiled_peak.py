@@ -1,6 +1,6 @@
-"""Reading a step's peak off Inductor's wrapper code (fxckpt/compiled_peak.py)."""
+"""Reading a step's peak off Inductor's wrapper code (fxckpt/inductor/compiled_peak.py)."""
 
-from fxckpt.compiled_peak import step_peak
+from fxckpt.inductor.compiled_peak import step_peak
 
 _FORWARD = """
 class Runner:
@@ -117,8 +117,8 @@ def test_fallback_scratch_reads_the_planned_graphs():
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxckpt.compiled_peak import fallback_scratch
-    from fxckpt.memory import workspace_bytes
+    from fxckpt.inductor.compiled_peak import fallback_scratch
+    from fxckpt.memory.model import workspace_bytes
 
     op = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
     found = {}

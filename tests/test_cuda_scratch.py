@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fxckpt.cuda_scratch import cuda_scratch, flash_splits
-from fxckpt.memory import concrete, workspace_bytes
+from fxckpt.memory.cuda_scratch import cuda_scratch, flash_splits
+from fxckpt.memory.model import concrete, workspace_bytes
 
 aten = torch.ops.aten
 BACKWARD = {
@@ -152,7 +152,7 @@ def test_the_peak_breakdown_names_kernel_scratch():
     """Where the peak is an attention backward's call, what the peak is made
     of includes its scratch ("kernel scratch"), and the parts add up to the
     peak the memory model gives."""
-    from fxckpt.memory import breakdown, simulate
+    from fxckpt.memory.model import breakdown, simulate
 
     node = _call("efficient", torch.bfloat16, 2, 8, 512, 64, 0.0, "bmhd", False, "backward")
     graph = node.graph

@@ -66,7 +66,7 @@ RUNTIME_OPTIMAL = {
 # (decomposed: t -> permute, the attention's split / views renamed). Matmul
 # outputs are saved and every pointwise op after them recomputed (fused into
 # backward's kernels); the peaks are read from the code Inductor generates
-# for the plan (fxckpt/compiled_peak.py: its allocations, reuses and dels,
+# for the plan (fxckpt/inductor/compiled_peak.py: its allocations, reuses and dels,
 # the loss tangent held through backward).
 RUNTIME_OPTIMAL_INDUCTOR = {
     "chain": dict(

@@ -111,7 +111,7 @@ def test_a_recompile_served_from_caches_runs_the_plan_that_fitted(reset_dynamo, 
     cnn_bn's budget compile within it (102,440 bytes), so here every
     attempt at a plan made for the budget is reported over it, as Inductor's
     code for them was then."""
-    import fxckpt.capture as capture
+    import fxckpt.planning.capture as capture
 
     torch.set_num_threads(1)
     default, _ = _budgeted_step_peak("cnn_bn", None)

@@ -1,5 +1,5 @@
 """A graph planned again at another budget selects from the frontier built
-the first time (fxckpt/memo.py): the frontier is built once, and the plans
+the first time (fxckpt/planning/memo.py): the frontier is built once, and the plans
 are those planning afresh makes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 import fxckpt
-import fxckpt.pipeline as pipeline
+import fxckpt.planning.pipeline as pipeline
 from fxckpt.bench.compile import gpt_step
-import fxckpt.memo as memo_module
-from fxckpt.memo import FRONTIERS, FrontierMemo
+import fxckpt.planning.memo as memo_module
+from fxckpt.planning.memo import FRONTIERS, FrontierMemo
 from fxckpt.passes.schedule import Simulated
 
 
@@ -37,7 +37,7 @@ def test_other_budgets_select_from_the_frontier_built_once(built, monkeypatch):
     plans = [_explain(step, inputs, f) for f in fractions]
     assert len(built) == 1
     assert not any("memo" in note for note in plans[0].notes)
-    assert all(any("memo.py" in note for note in p.notes) for p in plans[1:])
+    assert all(any("planning/memo.py" in note for note in p.notes) for p in plans[1:])
     # The same plans as planning each budget afresh.
     monkeypatch.setattr(pipeline.Planner, "memoizes", False)
     fresh = [_explain(step, inputs, f) for f in fractions]

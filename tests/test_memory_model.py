@@ -71,7 +71,7 @@ def test_op_scratch_is_what_the_allocator_sees(case):
     """``workspace_bytes`` of an op is its measured peak less its output:
     _safe_softmax's mask, reduced mask and scalar; dropout backward's widened
     mask and its scale as two scalar tensors."""
-    from fxckpt.memory import workspace_bytes
+    from fxckpt.memory.model import workspace_bytes
     torch.set_num_threads(1)
     scores = torch.randn(2, 4, 64, 64)
     if case == "safe_softmax":
@@ -99,7 +99,7 @@ def test_a_python_number_operand_is_scratch_the_allocator_sees(case):
     converts it (and tensors of another dtype) to the dtype it computes in:
     HF GPT-2's floor measured 12 bytes over its prediction (a ``mul`` by 0.5
     at the peak) before the memory model counted it."""
-    from fxckpt.memory import workspace_bytes
+    from fxckpt.memory.model import workspace_bytes
     torch.set_num_threads(1)
     dtype, fn = case
     x = (torch.rand(64, 64) * 10).to(dtype)
@@ -114,7 +114,7 @@ def test_cuda_values_count_whole_allocator_blocks():
     none; on the CPU a value counts its own bytes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxckpt.memory import StorageMemo
+    from fxckpt.memory.model import StorageMemo
 
     with FakeTensorMode():
         values = [torch.empty(3, device="cuda"), torch.empty(513, dtype=torch.uint8, device="cuda"),

@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxckpt
-from fxckpt.phases import PHASES, PhaseClock, Progress
-from fxckpt.plan import merge_plans
+from fxckpt.planning.phases import PHASES, PhaseClock, Progress
+from fxckpt.report.plan import merge_plans
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
@@ -102,7 +102,7 @@ def test_planning_pauses_the_garbage_collector_and_restores_it(enabled):
     from fxckpt.bench.solvers import capture_joint
     from fxckpt.bench.ways import Step
     from fxckpt.options import Options
-    from fxckpt.pipeline import Planner
+    from fxckpt.planning.pipeline import Planner
 
     torch.manual_seed(0)
     joint, joint_inputs, kwargs = capture_joint(Step(Net(), lambda out: out.sum()),

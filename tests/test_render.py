@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 import fxckpt
 from fxckpt.bench.ways import Step
 from fxckpt.models import make_model
-from fxckpt.render import ACTION_COLOURS
+from fxckpt.report.render import ACTION_COLOURS
 
 # fxckpt.pareto is the function; the module it lives in:
 pareto_module = importlib.import_module("fxckpt.entry.pareto")

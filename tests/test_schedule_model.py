@@ -1,5 +1,5 @@
 """The schedule model (fxckpt/passes/schedule.py) gives, for any plan it
-covers, the peak and peak location memory.py gives for the graphs the
+covers, the peak and peak location memory/model.py gives for the graphs the
 rewrite builds: on random programs (linear layers, pointwise ops, views,
 dropout, residuals, reductions) and random valid plans, found by hypothesis.
 And planning with it chooses the plans planning without it does."""
@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.solvers import capture_joint
 from fxckpt.errors import PlanError
-from fxckpt.memory import simulate
+from fxckpt.memory.model import simulate
 from fxckpt.options import Options
 from fxckpt.passes import schedule
 from fxckpt.passes.rewrite import rewrite, rewrite_orders
 from fxckpt.passes.verify import verify_decision
-from fxckpt.phases import PhaseClock
+from fxckpt.planning.phases import PhaseClock
 from fxckpt.passes.cse import deduplicated
-from fxckpt.pipeline import Planner, problem_for
+from fxckpt.planning.pipeline import Planner, problem_for
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, Decision
 
@@ -309,7 +309,7 @@ def test_hf_llama_is_planned_with_one_real_rewrite():
     found lower), and its real peak is the model's (a higher one would plan
     again with every candidate rewritten)."""
     pytest.importorskip("transformers")
-    import fxckpt.pipeline as pipeline
+    import fxckpt.planning.pipeline as pipeline
     from fxckpt.bench.ways import Step
     from fxckpt.bench.zoo import make_bench_model
 
@@ -352,7 +352,7 @@ def test_tensor_constant_is_covered():
     85 s, for the floor of a 2-layer tiny HF T5. The constant is an op
     without inputs, which AOTAutograd copies into each graph that reads it:
     the model's peaks are the rewrite's, and planning rewrites once."""
-    import fxckpt.pipeline as pipeline
+    import fxckpt.planning.pipeline as pipeline
     from fxckpt.bench.ways import Step
 
     torch.manual_seed(0)

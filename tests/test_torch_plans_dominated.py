@@ -31,7 +31,7 @@ from fxckpt.bench.solvers import capture_joint
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.options import Options
-from fxckpt.pipeline import Planner
+from fxckpt.planning.pipeline import Planner
 from fxckpt.policies.api import OpCall, Policy
 
 

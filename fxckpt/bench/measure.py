@@ -193,6 +193,6 @@ def time_steps(step_fn: StepFn, *, repeat: int, warmup: int = 1,
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
-    # Kept apart from fxckpt.memory's on purpose: this module imports nothing
+    # Kept apart from fxckpt.memory.model's on purpose: this module imports nothing
     # of the pipeline whose predictions it checks.
     return tensor.untyped_storage().data_ptr()

@@ -8,7 +8,7 @@ import math
 import os
 
 from fxckpt.options import format_bytes
-from fxckpt.render import bytes_axis
+from fxckpt.report.render import bytes_axis
 
 
 _COLUMNS = ("way", "runs on", "budget", "peak", "saved", "predicted peak",
@@ -194,7 +194,7 @@ def plot_against_torch(sweeps: dict, rows, ax=None):
     """fxckpt's frontiers (``{label: ParetoSweep}``: predicted peak against
     planned recompute cost) with bench rows as markers (measured peak
     against counted recompute cost). Returns the Figure."""
-    from fxckpt.render import new_axes
+    from fxckpt.report.render import new_axes
 
     fig, ax = new_axes(ax, size=(7, 4.5))
     for label, sweep in sweeps.items():

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.memory import device_type, tensor_bytes, workspace_bytes
+from fxckpt.memory.model import device_type, tensor_bytes, workspace_bytes
 
 # Bytes of unmodeled scratch an op may hold before it is reported.
 TOLERANCE = 256
@@ -48,7 +48,7 @@ def planned_graphs(model: torch.nn.Module, inputs: tuple, loss_fn: Callable,
     """The forward and backward graphs fxckpt plans for one step of
     ``model`` (compiler="eager") at ``budget``."""
     from fxckpt.bench.ways import Step
-    from fxckpt.capture import compile_planned
+    from fxckpt.planning.capture import compile_planned
     from fxckpt.entry.backend import Backend
     from fxckpt.options import Options
 

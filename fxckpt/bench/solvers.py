@@ -18,9 +18,9 @@ from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import GPT, GPTConfig, gpt_loss
 from fxckpt.options import Options, format_bytes
-from fxckpt.capture import capture_once, compile_planned
+from fxckpt.planning.capture import capture_once, compile_planned
 from fxckpt.passes.profile import tangent_dependent
-from fxckpt.pipeline import Frontier, FrontierPlanner, Planner
+from fxckpt.planning.pipeline import Frontier, FrontierPlanner, Planner
 
 # Budgets for the ILP / fast comparison: fractions of the way from the
 # ILP's floor up to the runtime-optimal peak.

@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxckpt.bench.measure import measure_peak_bytes, measure_saved_bytes, time_steps
-from fxckpt.memory import tensor_bytes
+from fxckpt.memory.model import tensor_bytes
 from fxckpt.passes.profile import CostModel, op_flops
 
 

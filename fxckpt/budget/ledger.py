@@ -42,7 +42,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from fxckpt.plan import Plan
+from fxckpt.report.plan import Plan
 
 
 @dataclass(eq=False)

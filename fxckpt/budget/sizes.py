@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxckpt.errors import BudgetError
-from fxckpt.memory import at_sizes, simulate
+from fxckpt.memory.model import at_sizes, simulate
 from fxckpt.options import format_bytes
 
 

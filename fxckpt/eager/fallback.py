@@ -42,7 +42,7 @@ from torch.utils.checkpoint import noop_context_fn
 
 from fxckpt.eager.checkpoint import checkpoint
 from fxckpt.eager.region_policy import RegionBytes, RegionDecider, RegionPolicy, region_bytes
-from fxckpt.memory import storage_key
+from fxckpt.memory.model import storage_key
 
 # Dynamo compiles the code after a break as a new function named after the
 # one it resumes ("torch_dynamo_resume_in_forward_at_31").

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from fxckpt.memory import storage_key
+from fxckpt.memory.model import storage_key
 from fxckpt.ops import TRAINING_ARGUMENT, UNDECLARED_WRITES
 
 TensorMeta = tuple[tuple[int, ...], torch.dtype, torch.device]

@@ -10,17 +10,17 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from fxckpt.capture import compile_planned
+from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
 from fxckpt.budget.measured import StepPeakWatch, cuda_device, over_budget_warning
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
-from fxckpt.memory import at_sizes, storage_key
+from fxckpt.memory.model import at_sizes, storage_key
 from fxckpt.budget.sizes import SizeCheck, SizesSeen
 from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
-from fxckpt.pipeline import Planner
-from fxckpt.plan import Plan
+from fxckpt.planning.pipeline import Planner
+from fxckpt.report.plan import Plan
 
 
 class Backend:
@@ -375,7 +375,7 @@ def _compiled_points(entry: LedgerEntry) -> tuple:
     plan and its compiled code's peak is known (Inductor): no point below
     that compiled peak. The frontier's peaks are the memory model's; a
     compiled plan can peak higher, and a budget below the floor plan's
-    compiled peak is one the graph's compile refuses (capture.py)."""
+    compiled peak is one the graph's compile refuses (planning/capture.py)."""
     plan, points = entry.plan, entry.frontier
     if plan is None or plan.model_peak_bytes is None or plan.model_peak_bytes != points[0][0] \
             or plan.peak_bytes <= points[0][0]:

@@ -46,7 +46,7 @@ from fxckpt.eager.fallback import (BreakSite, Ledger, Region, attribute, describ
 from fxckpt.eager.region_policy import RegionPolicy
 from fxckpt.budget.ledger import LedgerEntry, RegionChoice
 from fxckpt.options import Budget, Options, format_bytes
-from fxckpt.plan import Plan
+from fxckpt.report.plan import Plan
 
 
 def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "inductor",

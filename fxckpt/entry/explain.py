@@ -6,10 +6,10 @@ import torch
 import torch.fx as fx
 
 from fxckpt.entry.backend import Backend
-from fxckpt.capture import capture_once
+from fxckpt.planning.capture import capture_once
 from fxckpt.errors import FxckptError
 from fxckpt.options import DEFAULT_COMPILER, Options
-from fxckpt.plan import Plan, merge_plans
+from fxckpt.report.plan import Plan, merge_plans
 
 
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 
-from fxckpt.capture import capture_once, compile_planned
+from fxckpt.planning.capture import capture_once, compile_planned
 from fxckpt.errors import FxckptError
 from fxckpt.options import DEFAULT_COMPILER, Options, format_bytes, parse_budget
-from fxckpt.pipeline import Frontier, FrontierPlanner
-from fxckpt.plan import Plan
+from fxckpt.planning.pipeline import Frontier, FrontierPlanner
+from fxckpt.report.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,17 @@ class ParetoSweep:
     def plot(self, ax=None, *, label: str = "fxckpt frontier"):
         """Predicted peak against recompute cost: the frontier as a step
         line, the swept budgets as markers. Returns the matplotlib Figure."""
-        from fxckpt.render import plot_pareto
+        from fxckpt.report.render import plot_pareto
 
         return plot_pareto(self, ax=ax, label=label)
 
     def __str__(self) -> str:
-        from fxckpt.render import sweep_text
+        from fxckpt.report.render import sweep_text
 
         return sweep_text(self)
 
     def _repr_html_(self) -> str:
-        from fxckpt.render import sweep_html
+        from fxckpt.report.render import sweep_html
 
         return sweep_html(self)
 

@@ -8,11 +8,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.capture import compile_planned
+from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import FxckptError
 from fxckpt.budget.fit import fitted_budget
 from fxckpt.options import Options
-from fxckpt.pipeline import Planner
+from fxckpt.planning.pipeline import Planner
 
 
 class Transformed(torch.nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from fxckpt.memory import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
+from fxckpt.memory.model import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
                            workspace_bytes)
 from fxckpt.ops import random_op_device
 from fxckpt.passes.graphs import Impurity

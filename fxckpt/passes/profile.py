@@ -22,7 +22,7 @@ from torch.utils.flop_counter import flop_registry
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
 from fxckpt import ops as op_kinds
 from fxckpt.passes.rng import rng_state_bytes
-from fxckpt.memory import concrete, tensor_bytes, workspace_bytes
+from fxckpt.memory.model import concrete, tensor_bytes, workspace_bytes
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ created per plan. ``ScheduleModel`` reads the joint graph once into plain
 lists (each node's inputs, storages, bytes, workspace, device, purity) and
 for a Decision replays what the rewrite would produce -- which nodes each
 graph keeps, in which order, which values forward saves, where backward
-runs each clone -- and walks that sequence with memory.py's rules (storages
+runs each clone -- and walks that sequence with memory/model.py's rules (storages
 live from their producer to their last reader, outputs kept, views free,
 graph inputs not counted, workspace counted while its op runs).
 
@@ -35,7 +35,7 @@ import numpy as np
 
 import torch.fx as fx
 
-from fxckpt.memory import inlined_keys
+from fxckpt.memory.model import inlined_keys
 from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
 from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
 
@@ -88,7 +88,7 @@ class ScheduleModel:
     def __init__(self, nodes: list[ModelNode], fwd_outputs: list[int], bwd_outputs: list[int],
                  first_backward: int, *, sinks: bool = False, fused: bool = False) -> None:
         self.nodes = nodes
-        # Inductor's inlining (memory.py's fused=True): pointwise values
+        # Inductor's inlining (memory/model.py's fused=True): pointwise values
         # their readers compute in their own kernels are never allocated.
         self.fused = fused
         # The rewrite's backward orders (rewrite.rewrite_orders): without and,
@@ -430,7 +430,7 @@ class ScheduleModel:
         live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
         return [i for i in kept if i in live], outputs
 
-    # --- the walk, as memory.py does it ------------------------------------
+    # --- the walk, as memory/model.py does it ------------------------------------
 
     def _name(self, key, pairs) -> str:
         """The node's name in the rewritten graph."""
@@ -471,7 +471,7 @@ class ScheduleModel:
                  placeholders: set = frozenset()) -> set:
         """The keys of one graph's ops (``sequence`` without its
         ``placeholders``, in order) that Inductor computes inside their
-        readers (memory.inlined_keys, as memory.py applies it to the
+        readers (memory.inlined_keys, as memory/model.py applies it to the
         rewritten graph), or none unless fused. A random op forward runs as
         run_and_save_rng_state, and its copies run by run_with_rng_state,
         are calls of their own, never inlined."""
@@ -524,7 +524,7 @@ class ScheduleModel:
 
     def _run(self, sequence, reads, keep: set, walk: _Walk, phase: str,
              placeholders: set, pairs: set, inlined: set = frozenset()) -> None:
-        """memory.py's walk of one graph; ``reads``: each key's storages
+        """memory/model.py's walk of one graph; ``reads``: each key's storages
         read (``_reads`` of its inputs; a key not in it reads none);
         ``pairs``: random nodes forward runs as run_and_save_rng_state,
         allocating their generator state; ``inlined``: keys never allocated

@@ -1,5 +1,5 @@
 """A policy as text two processes agree on, for the plan cache's key
-(fxckpt/cache.py), or ``Unkeyable`` saying why there is none.
+(fxckpt/planning/cache.py), or ``Unkeyable`` saying why there is none.
 
 Python's ``hash()`` will not do: it is salted per process for strings. A
 policy from the vocabulary is a frozen value, written out field by field.

@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from fxckpt.memory import tensor_bytes
+from fxckpt.memory.model import tensor_bytes
 
 _aten = torch.ops.aten
 

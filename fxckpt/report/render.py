@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 
 from fxckpt.options import format_bytes
-from fxckpt.phases import describe_phases
+from fxckpt.planning.phases import describe_phases
 from fxckpt.types import RNG_STATE_OP, Phase, is_recomputed_name, point
 
 # What each action in a plan is drawn as (DOT fill colours).

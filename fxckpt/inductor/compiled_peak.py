@@ -1,6 +1,6 @@
 """A step's peak read from the code Inductor generated for it.
 
-Under Inductor the memory model (memory.py) predicts from the planned FX
+Under Inductor the memory model (memory/model.py) predicts from the planned FX
 graphs, but Inductor decides the real allocation order after the partition:
 its scheduler fuses kernels, and a fused kernel runs where its earliest part
 was, so values recomputed for late in backward can be made in the first
@@ -28,7 +28,7 @@ extra memory comes from buffers Inductor realizes that the model inlines
 and from the order its lowering gives kernels, and both change with
 Inductor's heuristics and version. Reading the generated code follows them
 all, and constraining the scheduler would cost fusions. So the compiled
-plan's real peak is checked against a byte budget, and capture.py plans
+plan's real peak is checked against a byte budget, and planning/capture.py plans
 again below the budget by the excess where it is over, or refuses the
 budget naming the lowest compiled peak it saw.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxckpt.memory import device_type, tensor_bytes, workspace_bytes
+from fxckpt.memory.model import device_type, tensor_bytes, workspace_bytes
 
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
 _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")

@@ -2,7 +2,7 @@
 fxckpt's plan. AOTAutograd traces the joint graph (make_fx, with fake tensors
 on every node) and hands it to the Planner as its partition function; the two
 graphs it returns go to the inner compiler. Plans are cached with the
-compiled graphs (fxckpt/cache.py): ``compile_planned`` keys them, and
+compiled graphs (fxckpt/planning/cache.py): ``compile_planned`` keys them, and
 records the stored plans where torch serves a compile from its caches.
 
 ``capture_once`` runs a model once under a backend without training it, for
@@ -21,20 +21,20 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from fxckpt.compiled_peak import fallback_scratch, step_peak
-from fxckpt.addmm import SplitLateAddmm
-from fxckpt.fusion import recompute_apart
+from fxckpt.inductor.compiled_peak import fallback_scratch, step_peak
+from fxckpt.inductor.addmm import SplitLateAddmm
+from fxckpt.inductor.fusion import recompute_apart
 from fxckpt.errors import BudgetError
-from fxckpt.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
-from fxckpt.memory import has_symbolic_sizes
-from fxckpt.pipeline import Planner
+from fxckpt.planning.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
+from fxckpt.memory.model import has_symbolic_sizes
+from fxckpt.planning.pipeline import Planner
 
-log = logging.getLogger("fxckpt.capture")
+log = logging.getLogger("fxckpt.planning.capture")
 
 
 def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Planner):
     """Compile ``gm`` with ``planner`` as its partition function. A Planner's
-    plans are cached (fxckpt/cache.py): where torch serves the compiled
+    plans are cached (fxckpt/planning/cache.py): where torch serves the compiled
     graphs from its caches, the Planner does not run and adopts the plans
     stored with them; where it runs, it follows a stored decision rather
     than solving again, and stores what it made."""
@@ -146,7 +146,7 @@ _RUNTIME_OPTIMAL = -1
 
 def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     """Compile with Inductor and read each plan's real peak off the code it
-    generated (fxckpt/compiled_peak.py): that is the plan's peak from then
+    generated (fxckpt/inductor/compiled_peak.py): that is the plan's peak from then
     on. Under a byte budget, a plan whose compiled code peaks over it is
     thrown away and the graph planned again (``_fitted``); its plans reach
     the caller only then."""
@@ -277,7 +277,7 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str]):
 
 def _post_grad_passes() -> tuple:
     """The user's post-grad passes, then fxckpt's: an ``addmm`` Inductor
-    made of a matmul and a late add split back (fxckpt/addmm.py)."""
+    made of a matmul and a late add split back (fxckpt/inductor/addmm.py)."""
     from torch._inductor import config
     from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
@@ -343,14 +343,14 @@ class _InductorPartitioner(CustomPartitionerFn):
         return self.planner(gm, joint_inputs, **kwargs)
 
     def uuid(self):
-        # The plan cache's key (fxckpt/cache.py), or None: then the caller
+        # The plan cache's key (fxckpt/planning/cache.py), or None: then the caller
         # turns AOTAutograd's cache off, as torch keys by the uuid only.
         return self._uuid
 
     def __reduce__(self):
         # Inductor writes its configuration, this object included, into its
         # cache keys: the uuid stands for it, not the Planner's state.
-        # The fusion rules (fxckpt/fusion.py) are named too: code compiled
+        # The fusion rules (fxckpt/inductor/fusion.py) are named too: code compiled
         # without them must not be served for these graphs.
         return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart, "
                       f"recomputation not moved where it holds more, late addmm split",))

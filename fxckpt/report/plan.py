@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from torch.utils.checkpoint import CheckpointPolicy
 
-from fxckpt import render
+from fxckpt.report import render
 from fxckpt.options import format_bytes
 from fxckpt.solve.common import run_in_forward
 from fxckpt.types import RNG_STATE_OP, Action, Decision, Profile, Tag
@@ -53,12 +53,12 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     timeline: object = None     # memory.MemoryTimeline of the planned schedule
     plan_seconds: float = 0.0   # profile + tag + solve + rewrite, wall time
-    # plan_seconds by phase, (phase, seconds) in pipeline order (fxckpt/phases.py)
+    # plan_seconds by phase, (phase, seconds) in pipeline order (fxckpt/planning/phases.py)
     phase_seconds: tuple[tuple[str, float], ...] = ()
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
-    # Where peak_bytes was read from the compiled code (fxckpt/compiled_peak.py):
+    # Where peak_bytes was read from the compiled code (fxckpt/inductor/compiled_peak.py):
     # the memory model's figure for the same plan; None otherwise.
     model_peak_bytes: int | None = None
     offload_bandwidth: float | None = None   # bytes per second one way
@@ -91,7 +91,7 @@ class Plan:
 
     def plot_memory(self, ax=None):
         """Live bytes over the planned forward and backward schedule, with the
-        budget and the peak marked: a matplotlib Figure (see fxckpt.render)."""
+        budget and the peak marked: a matplotlib Figure (see fxckpt.report.render)."""
         return render.plot_memory(self, ax=ax)
 
     def to_dot(self, path: str | None = None, *, planned_only: bool = False) -> str:

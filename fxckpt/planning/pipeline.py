@@ -6,12 +6,12 @@ Under a budget the frontier (solve/frontier.py) weighs many candidate plans.
 Rewriting each into FX graphs and simulating those cost most of the planning
 time, so candidates are simulated by the schedule model instead
 (passes/schedule.py: the joint graph read once into lists, each plan's
-rewritten graphs replayed as node sequences and walked with memory.py's
+rewritten graphs replayed as node sequences and walked with memory/model.py's
 rules, in both backward orders under compiler="eager"), each distinct plan
 once. Only the plan that runs is rewritten, and its real simulation must
 not peak above the model's, or the frontier is built again with every
 candidate rewritten; a BudgetError's floor plan is checked the same way.
-Under Inductor the model simulates as memory.py's fused model does. Plans
+Under Inductor the model simulates as memory/model.py's fused model does. Plans
 the model does not cover (offload) are always rewritten."""
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.bandwidth import offload_bandwidth
 from fxckpt.errors import BudgetError, PlanError
-from fxckpt.memo import Recall, frontier_key
-from fxckpt.memory import breakdown, simulate
+from fxckpt.planning.memo import Recall, frontier_key
+from fxckpt.memory.model import breakdown, simulate
 from fxckpt.options import Options, format_bytes
-from fxckpt.phases import PhaseClock, Progress
+from fxckpt.planning.phases import PhaseClock, Progress
 from fxckpt.passes import schedule
 from fxckpt.passes.cse import deduplicated
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite_orders
 from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
-from fxckpt.plan import Plan, make_plan, saved_bytes_of
+from fxckpt.report.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
 from fxckpt.solve.frontier import (Evaluate, NoPlanFits, pareto_frontier,
                                    solve_budgeted)
@@ -49,7 +49,7 @@ from fxckpt.types import Decision, Profile, Tag
 
 _graph_ids = itertools.count()
 _RECALLED = ("the budget selected from the frontier of an earlier plan of this graph "
-             "with the same options in this process (fxckpt/memo.py); not solved again")
+             "with the same options in this process (fxckpt/planning/memo.py); not solved again")
 log = logging.getLogger("fxckpt.planner")
 
 
@@ -145,7 +145,7 @@ class Planner:
     """
 
     # Plans made by this planner depend on nothing but the graph, the options
-    # and num_lifted_params: the plan cache may keep them (fxckpt/cache.py).
+    # and num_lifted_params: the plan cache may keep them (fxckpt/planning/cache.py).
     caches_plans = True
     # Under a budget, the frontier's candidates are simulated by the schedule
     # model (passes/schedule.py) where it covers them; False rewrites and
@@ -153,7 +153,7 @@ class Planner:
     estimates = True
     # Under a budget, a frontier built earlier in the process for the same
     # graph and options is selected from instead of solving again
-    # (fxckpt/memo.py); False always solves.
+    # (fxckpt/planning/memo.py); False always solves.
     memoizes = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
@@ -176,12 +176,12 @@ class Planner:
         self.reusable: list[Planned] = []
         self.cache_note: str | None = None
         # Bytes a byte budget is planned below, where the compiled code of a
-        # plan made for it peaked that much over it (capture.py).
+        # plan made for it peaked that much over it (planning/capture.py).
         self.lowered_by = 0
-        # The lowered_by of the compile kept (capture.py), which the plan
+        # The lowered_by of the compile kept (planning/capture.py), which the plan
         # cache records so that another process asks for that compile first.
         self.kept_lowered_by = 0
-        # Plan as if no budget were given (capture.py: to learn the compiled
+        # Plan as if no budget were given (planning/capture.py: to learn the compiled
         # peak of the runtime-optimal plan before refusing a budget).
         self.without_budget = False
 
@@ -394,7 +394,7 @@ def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: O
     frontier's candidates, which may answer a Simulated plan (no graphs);
     the plan chosen is then rewritten and simulated for real, and if the two
     peaks differ the frontier is built again with ``evaluate``. ``memo_key``
-    (fxckpt/memo.py): the frontier is recalled from, or kept in, the
+    (fxckpt/planning/memo.py): the frontier is recalled from, or kept in, the
     process's memo under that key; ``on_recall`` is called when it was
     recalled."""
     memo = Recall(memo_key, on_recall)

@@ -43,11 +43,11 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fxckpt.memory import has_symbolic_sizes
+from fxckpt.memory.model import has_symbolic_sizes
 from fxckpt.options import Options
 from fxckpt.policies.digest import Unkeyable, encode
 
-log = logging.getLogger("fxckpt.cache")
+log = logging.getLogger("fxckpt.planning.cache")
 
 # Written into every key: bump when what the store keeps changes shape.
 _FORMAT = "fxckpt plan cache 2"
@@ -220,13 +220,13 @@ def _source_digest() -> str:
 
 @dataclass(frozen=True)
 class Stored:
-    """What one key holds: the Planned records (fxckpt/pipeline.py) of one
+    """What one key holds: the Planned records (fxckpt/planning/pipeline.py) of one
     compile, or why its plans may not be reused (``why_not``)."""
 
     records: tuple = ()
     why_not: str | None = None
     # Under a byte budget with Inductor: the bytes the kept compile was
-    # planned below the budget (its uuid says so; fxckpt/capture.py).
+    # planned below the budget (its uuid says so; fxckpt/planning/capture.py).
     lowered_by: int = 0
 
 

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fxckpt.cuda_scratch import cuda_scratch
+from fxckpt.memory.cuda_scratch import cuda_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
 from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
@@ -111,7 +111,7 @@ def inlined_by_inductor(graph: fx.Graph) -> set[fx.Node]:
     earlier or longer than here (the zoo GPT's runtime-optimal plan: 0.88
     of the measured peak; its floor plan 0.59). Under Inductor a plan's
     peak is therefore read from the code Inductor generated for it
-    (fxckpt/compiled_peak.py); this model ranks candidate plans."""
+    (fxckpt/inductor/compiled_peak.py); this model ranks candidate plans."""
     outputs = set(graph.output_node().all_input_nodes)
     nodes = [n for n in graph.nodes if n.op != "output"]
     return inlined_keys(
