@@ -9,9 +9,10 @@ created per plan. ``ScheduleModel`` reads the joint graph once into plain
 lists (each node's inputs, storages, bytes, workspace, device, purity) and
 for a Decision replays what the rewrite would produce -- which nodes each
 graph keeps, in which order, which values forward saves, where backward
-runs each clone -- and walks that sequence with memory/model.py's rules (storages
-live from their producer to their last reader, outputs kept, views free,
-graph inputs not counted, workspace counted while its op runs).
+runs each clone -- and walks that sequence with memory/model.py's rules
+(storages live from their producer to their last reader, outputs kept,
+views free, graph inputs not counted, workspace counted while its op runs),
+as arrays, by memory/walk.py.
 
 It covers what the budgeted frontier mostly asks for: plans that save and
 recompute, random recomputes replaying a saved generator state included,
@@ -28,7 +29,7 @@ plan that runs, against the real rewrite and simulation.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain, repeat
 
 import numpy as np
@@ -36,6 +37,7 @@ import numpy as np
 import torch.fx as fx
 
 from fxckpt.memory.model import inlined_keys
+from fxckpt.memory.walk import Steps, Walk, advance
 from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
 from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
 
@@ -71,15 +73,6 @@ class _Key:
 
     def __repr__(self) -> str:
         return f"_Key({self.kind!r}, {self.node}, {self.j})"
-
-
-@dataclass
-class _Walk:
-    live: dict = field(default_factory=dict)
-    not_counted: set = field(default_factory=set)
-    peak: int = 0
-    peak_at: str = ""
-    total: int = 0                  # sum of live's bytes
 
 
 class ScheduleModel:
@@ -192,7 +185,7 @@ class ScheduleModel:
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
         fwd, kept = self._forward(saved_used, pairs, forward_nodes)
-        walk = _Walk()
+        walk = Walk()
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
         fwd_inputs = {i: self.nodes[i].inputs for i in fwd} if self.fused else {}  # _inlined's
@@ -203,8 +196,7 @@ class ScheduleModel:
         best, sink = None, None
         outside = set(placeholders)
         for (bwd, after), order in zip(orders, self.orders):
-            walked = _Walk(dict(walk.live), set(walk.not_counted), walk.peak, walk.peak_at,
-                           walk.total)
+            walked = walk.copy()
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
             # Autograd holds the incoming gradients until backward returns.
             self._run(sequence, reads, self._refs(outputs + tangents), walked, "backward",
@@ -512,7 +504,7 @@ class ScheduleModel:
     def _refs(self, keys) -> set:
         return {ref for k in keys for ref, _ in self._storages(k)}
 
-    def _allocate(self, key, walk: _Walk, extra=(), storages=None) -> None:
+    def _allocate(self, key, walk: Walk, extra=(), storages=None) -> None:
         node = self.nodes[key.node if key.__class__ is _Key else key]
         if not node.counted:
             return
@@ -522,20 +514,14 @@ class ScheduleModel:
                 walk.live[ref] = nbytes
                 walk.total += nbytes
 
-    def _run(self, sequence, reads, keep: set, walk: _Walk, phase: str,
+    def _run(self, sequence, reads, keep: set, walk: Walk, phase: str,
              placeholders: set, pairs: set, inlined: set = frozenset()) -> None:
-        """memory/model.py's walk of one graph; ``reads``: each key's storages
-        read (``_reads`` of its inputs; a key not in it reads none);
-        ``pairs``: random nodes forward runs as run_and_save_rng_state,
-        allocating their generator state; ``inlined``: keys never allocated
-        (fused).
-
-        The walk node by node (what ``_allocate`` does at each node, then
-        the peak check, then the frees) gives every storage at most two
-        stretches live: from its first allocation, or from the start where
-        it is live already, to its free; and, if it is allocated again after
-        that free, to the end. Each is found with numpy, their bytes summed
-        per node, and the peak taken: this walk is most of a plan's time."""
+        """memory/model.py's walk of one graph (memory/walk.py, on arrays);
+        ``reads``: each key's storages read (``_reads`` of its inputs; a key
+        not in it reads none); ``pairs``: random nodes forward runs as
+        run_and_save_rng_state, allocating their generator state;
+        ``inlined``: keys never allocated (fused). The walk is most of a
+        plan's time."""
         n = len(sequence)
         if not n:
             return
@@ -558,79 +544,22 @@ class ScheduleModel:
         allocates = self.counted[node]
         if inlined:
             allocates &= ~np.fromiter(map(inlined.__contains__, sequence), bool, n)
-        # Per storage named (as an index: its reference + len(nodes)), in
-        # order: which node names it, its bytes there.
+        # Per storage named, in order: which node names it, its bytes there.
         count = np.fromiter(map(len, found_at), np.int64, n)
         pairs_of = np.fromiter(chain.from_iterable(chain.from_iterable(found_at)), np.int64,
                                2 * int(count.sum())).reshape(-1, 2)
-        ref, nbytes = pairs_of[:, 0] + self.ref_offset, pairs_of[:, 1]
         named_at = np.repeat(np.arange(n), count)
         read = list(map(reads.get, sequence, repeat((), n)))
         count = np.fromiter(map(len, read), np.int64, n)
         read_ref = np.fromiter(chain.from_iterable(read), np.int64, int(count.sum()))
-        read_ref += self.ref_offset
-        read_at = np.repeat(np.arange(n), count)
-        size = self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)
-        # Each storage is freed after its last reader, or where none reads
-        # it its first producer, unless kept (never: n).
-        free = np.full(size, n, np.int64)
-        np.minimum.at(free, ref, named_at)
-        last_read = np.full(size, -1, np.int64)
-        np.maximum.at(last_read, read_ref, read_at)
-        free = np.where(last_read >= 0, last_read, free)
-        free[self._indices(keep)] = n
-        # Allocations tried: storages a counted node names, outside
-        # not_counted; the first makes a storage live (its bytes counted).
-        tried = allocates[named_at] & ~self._mask(walk.not_counted, size)[ref]
-        t_ref, t_at, t_bytes = ref[tried], named_at[tried], nbytes[tried]
-        position = np.arange(len(t_ref))
-        none = len(t_ref)
-        first = np.full(size, none, np.int64)
-        np.minimum.at(first, t_ref, position)
-        live0 = self._indices(walk.live)
-        begin = np.full(size, n, np.int64)
-        held = np.zeros(size, np.int64)   # bytes of the first stretch
-        made = (first < none) & ~self._mask(walk.live, size)
-        begin[made] = t_at[first[made]]
-        held[made] = t_bytes[first[made]]
-        begin[live0] = -1
-        held[live0] = np.fromiter(walk.live.values(), np.int64, len(walk.live))
-        alive = made.copy()
-        alive[live0] = True
-        # The first stretch ends at the free if that comes after its start.
-        ends = alive & (free < n) & (free >= begin)
-        # Allocated again after the free: live to the end.
-        after = ends[t_ref] & (t_at > free[t_ref])
-        second = np.full(size, none, np.int64)
-        np.minimum.at(second, t_ref[after], position[after])
-        again = second < none
-        change = np.zeros(n + 1, np.int64)
-        np.add.at(change, begin[made], held[made])
-        np.add.at(change, free[ends] + 1, -held[ends])
-        np.add.at(change, t_at[second[again]], t_bytes[second[again]])
-        level = walk.total + np.cumsum(change)
-        now = level[:n] + extra
-        top = int(now.max())
-        if top > walk.peak:
-            walk.peak = top
-            walk.peak_at = f"{phase}:{self._name(sequence[int(now.argmax())], pairs)}"
-        walk.total = int(level[n])
-        # What is live at the end, with the bytes it was allocated with.
-        last_bytes = np.where(again, t_bytes[np.minimum(second, none - 1)], held) if none \
-            else held
-        remains = np.flatnonzero((alive & ~ends) | again)
-        walk.live = dict(zip((remains - self.ref_offset).tolist(),
-                             last_bytes[remains].tolist()))
-
-    def _indices(self, refs) -> np.ndarray:
-        """Storage references as indices into _run's arrays."""
-        return np.fromiter(refs, np.int64, len(refs)) + self.ref_offset
-
-    def _mask(self, refs, size: int) -> np.ndarray:
-        """Which of ``size`` indices are among ``refs``."""
-        mask = np.zeros(size, bool)
-        mask[self._indices(refs)] = True
-        return mask
+        peaked = advance(walk, Steps(
+            count=n, extra=extra, allocates=allocates, ref=pairs_of[:, 0],
+            nbytes=pairs_of[:, 1], named_at=named_at, read_ref=read_ref,
+            read_at=np.repeat(np.arange(n), count),
+            keep=np.fromiter(keep, np.int64, len(keep)), offset=self.ref_offset,
+            size=self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)))
+        if peaked is not None:
+            walk.peak_at = f"{phase}:{self._name(sequence[peaked], pairs)}"
 
 
 def _pick(value, step: int, copies: dict, begins: dict):
