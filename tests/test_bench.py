@@ -135,7 +135,7 @@ def test_verdicts_compare_peak_and_recompute_cost():
 def test_solver_suite_reports_nodes_times_and_cost_gaps():
     progress = bench.Progress(None)
     result = bench_solvers.run_solvers(n_layer=2, models=("mlp",), size="tiny",
-                                       progress=progress)
+                                       compile_gpt_layers=1, progress=progress)
     large = result["large"]
     assert large["joint_nodes"] > large["forward_values"] > 0
     assert large["solve_seconds"] >= 0 and large["predicted_peak_bytes"] <= large["budget_bytes"]
@@ -145,7 +145,12 @@ def test_solver_suite_reports_nodes_times_and_cost_gaps():
         assert budget["ilp_recompute_cost"] is not None        # the ILP's floor fits
         if budget["fast_recompute_cost"] is not None:
             assert budget["fast_over_ilp"] is not None
-    assert "fast vs ILP" in bench_solvers.solvers_markdown(result)
+    compiled = result["compile_gpt"]
+    assert [b["position"] for b in compiled["budgets"]] == list(bench_solvers.FINE_POSITIONS)
+    assert compiled["budgets"][-1]["fast_recompute_cost"] is not None   # the top fits both
+    markdown = bench_solvers.solvers_markdown(result)
+    assert "fast vs ILP over the zoo's" in markdown
+    assert "fast vs ILP over the compile suite's GPT's" in markdown
 
 
 def _frames_compiled() -> int:

@@ -51,7 +51,8 @@ def add_bench(subparsers) -> None:
                         default="models",
                         help="models: the side-by-side table (default); solvers: "
                              "solve time on a ~10,000-node graph and the fast "
-                             "solver against the ILP; offload: the GPT with matmul "
+                             "solver against the ILP (the zoo at 5 budgets, the "
+                             "compile suite's 8-layer GPT at 21); offload: the GPT with matmul "
                              "outputs saved on the device vs offloaded to host "
                              "memory (needs CUDA); compile: first-step compile time "
                              "of a GPT, 4 to 64 layers, torch and fxckpt, with and "
