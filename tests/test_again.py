@@ -24,7 +24,7 @@ from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError, PlanError
 from fxckpt.passes.verify import verify_decision
 from fxckpt.solve.again import copy_starts, copy_steps, needs_of, recomputed_users
-from fxckpt.solve.baselines import recompute_all
+from fxckpt.solve.baselines import per_block, recompute_all
 from fxckpt.solve.problem import build_problem
 
 try:
@@ -218,3 +218,38 @@ def test_verify_refuses_copies_of_a_value_not_recomputed():
         verify_decision(profile, tags, replace(decision, again=((saved, (5,)),)))
     with pytest.raises(PlanError, match="not increasing"):
         verify_decision(profile, tags, replace(decision, again=((recomputed, (9, 5)),)))
+
+
+def test_bases_tied_in_peak_and_cost_are_started_from_once():
+    """_recomputed_again starts from each (exact peak, cost) once: a region
+    seed tied with one taken before (per_block and lean_blocks on GPTs,
+    which differ by a view) would give the same plans again."""
+    profile, tags = random_profile(3)
+    problem = build_problem(profile, tags)
+    plans = {"per_block": per_block(problem), "lean_blocks": recompute_all(problem)}
+    for decision in plans.values():
+        mask = np.array([n in decision.recomputed for n in problem.names])
+        assert copy_steps(problem, mask, 0.0)
+    assert plans["per_block"].recomputed != plans["lean_blocks"].recomputed
+
+    class Timeline:
+        def __init__(self, peak):
+            self.peak_bytes, self.peak_at = peak, ""
+
+    started = []
+
+    def candidate(decision):
+        started.append(decision.solver)
+        return frontier.Candidate(decision, None, Timeline(10**9), 1.0)
+
+    def found(tied: bool):
+        return [frontier.Candidate(replace(plans["per_block"], solver="per_block"), None,
+                                   Timeline(80), 0.5),
+                frontier.Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
+                                   Timeline(80 if tied else 81), 0.5)]
+
+    frontier._recomputed_again(problem, candidate, found(tied=False))
+    assert {name.split("+")[0] for name in started} == {"per_block", "lean_blocks"}
+    started.clear()
+    frontier._recomputed_again(problem, candidate, found(tied=True))
+    assert {name.split("+")[0] for name in started} == {"per_block"}

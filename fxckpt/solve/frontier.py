@@ -299,9 +299,10 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
     # peak and cost) is not started from again: on GPTs per_block and
     # lean_blocks differ by one view, and so do their plans recomputing
     # again, which tie too (58-layer GPT: two evaluations, 0.3 s, saved).
-    seen: set[tuple] = set()
-    bases = [c for c in bases
-             if (c.peak, c.cost) not in seen and not seen.add((c.peak, c.cost))]
+    distinct: dict[tuple, Candidate] = {}
+    for base in bases:
+        distinct.setdefault((base.peak, base.cost), base)
+    bases = list(distinct.values())
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     for base in bases:
