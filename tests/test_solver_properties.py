@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.optimize import Bounds, milp
 
 from fxckpt.errors import BudgetError
-from fxckpt.solve import BASELINES
+from fxckpt.solve import BASELINES, ilp
 from fxckpt.solve.frontier import solve_budgeted
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
@@ -251,3 +252,35 @@ def test_fast_plans_do_not_depend_on_the_clock(seed, offload):
                 mock.patch.object(time, "monotonic", slow_clock):
             loaded = solve_fast(problem, budget)
         assert all(np.array_equal(a, b) for a, b in zip(plan, loaded))
+
+
+@SETTINGS
+@given(seeds, offload, st.floats(0.0, 1.2))
+def test_relaxation_as_running_totals_is_the_same_programme(seed, offload, position):
+    """The linear relaxation's memory rows as running totals over stage
+    differences (solve/ilp.py) have the dense rows' optimum, and its answer
+    meets the dense rows."""
+    problem = _problem(seed, offload)
+    top = problem.peak(np.ones(problem.n, bool) & problem.can_save, np.zeros(problem.n, bool))
+    budget = float(problem.stage_base.max() + position * (top - problem.stage_base.max()))
+    c, bounds = ilp._objective_and_bounds(problem)
+    dense = milp(c=c, integrality=np.zeros(len(c)), bounds=bounds,
+                 constraints=ilp._constraints(problem, budget))
+    try:
+        saved, offloaded = ilp.relaxed_saved(problem, budget)
+    except Infeasible:
+        assert dense.x is None
+        return
+    assert dense.x is not None
+    structure, totals = ilp._constraints(problem, budget, running_totals=True)
+    stages = len(problem.stage_base)
+    totalled = milp(c=np.concatenate([c, np.zeros(stages)]),
+                    integrality=np.zeros(len(c) + stages),
+                    bounds=Bounds(np.concatenate([bounds.lb, np.full(stages, -np.inf)]),
+                                  np.concatenate([bounds.ub, budget - problem.stage_base])),
+                    constraints=[structure, totals])
+    assert totalled.fun == pytest.approx(dense.fun, rel=1e-6, abs=1e-6)
+    memory = ilp._constraints(problem, budget)[1]
+    x = totalled.x[:len(c)]
+    assert (memory.A @ x <= memory.ub + 1e-6 * max(1.0, budget)).all()
+    np.testing.assert_allclose(saved, x[:problem.n], atol=1e-9)
