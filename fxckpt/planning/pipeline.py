@@ -192,11 +192,8 @@ class Planner:
 
     def _partition(self, joint: fx.GraphModule, num_fwd_outputs: int,
                    static_lifetime_input_indices):
-        clock, graph_id = PhaseClock(), next(_graph_ids)
-        progress = Progress(graph_id, clock)
-        profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
-                                                static_lifetime_input_indices, clock)
-        progress.started(len(joint.graph.nodes), len(tags), self.options)
+        clock, graph_id, progress, profile, tags, evaluate = self._begin(
+            joint, num_fwd_outputs, static_lifetime_input_indices)
         estimate = progress.counted(clock.timed("rewrite", evaluate.estimate))
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         known = self.reusable.pop(0) if self.reusable else None
@@ -272,6 +269,15 @@ class Planner:
                            notes=planned.plan.notes + (note,))
             self._record(replace(planned, plan=plan))
 
+    def _begin(self, joint: fx.GraphModule, num_fwd_outputs: int, static_indices):
+        """A graph's planning begun: its clock, id and progress (told it
+        started), then ``_analyse``'s profile, tags and evaluate."""
+        clock, graph_id = PhaseClock(), next(_graph_ids)
+        progress = Progress(graph_id, clock)
+        profile, tags, evaluate = self._analyse(joint, num_fwd_outputs, static_indices, clock)
+        progress.started(len(joint.graph.nodes), len(tags), self.options)
+        return clock, graph_id, progress, profile, tags, evaluate
+
     def _analyse(self, joint: fx.GraphModule, num_fwd_outputs: int, static_indices,
                  clock: PhaseClock):
         """Profile and tag the joint graph; return them with the function
@@ -345,11 +351,8 @@ class FrontierPlanner(Planner):
 
     def _partition(self, joint: fx.GraphModule, num_fwd_outputs: int,
                    static_lifetime_input_indices):
-        clock, graph_id = PhaseClock(), next(_graph_ids)
-        progress = Progress(graph_id, clock)
-        profile, tags, evaluate = self._analyse(joint, num_fwd_outputs,
-                                                static_lifetime_input_indices, clock)
-        progress.started(len(joint.graph.nodes), len(tags), self.options)
+        clock, graph_id, progress, profile, tags, evaluate = self._begin(
+            joint, num_fwd_outputs, static_lifetime_input_indices)
         evaluate = progress.counted(clock.timed("rewrite", evaluate))
         with clock.phase("solve"):
             problem = problem_for(profile, tags, self.options)
