@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import Bounds, milp
+from scipy.optimize import milp
 
 from fxckpt.errors import BudgetError
 from fxckpt.solve import BASELINES, ilp
@@ -272,13 +272,9 @@ def test_relaxation_as_running_totals_is_the_same_programme(seed, offload, posit
         assert dense.x is None
         return
     assert dense.x is not None
-    structure, totals = ilp._constraints(problem, budget, running_totals=True)
-    stages = len(problem.stage_base)
-    totalled = milp(c=np.concatenate([c, np.zeros(stages)]),
-                    integrality=np.zeros(len(c) + stages),
-                    bounds=Bounds(np.concatenate([bounds.lb, np.full(stages, -np.inf)]),
-                                  np.concatenate([bounds.ub, budget - problem.stage_base])),
-                    constraints=[structure, totals])
+    c_totals, bounds_totals, constraints = ilp.relaxation(problem, budget)
+    totalled = milp(c=c_totals, integrality=np.zeros(len(c_totals)), bounds=bounds_totals,
+                    constraints=constraints)
     assert totalled.fun == pytest.approx(dense.fun, rel=1e-6, abs=1e-6)
     memory = ilp._constraints(problem, budget)[1]
     x = totalled.x[:len(c)]

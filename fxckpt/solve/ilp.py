@@ -63,17 +63,28 @@ def solve_ilp(problem: Problem, budget: float, *, time_limit: float = 20.0,
 
 def relaxed_saved(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarray]:
     """The linear relaxation's fraction saved, and offloaded, of each value."""
-    c, bounds = _objective_and_bounds(problem)
-    structure, totals = _constraints(problem, budget, running_totals=True)
-    stages = len(problem.stage_base)
-    result = milp(c=np.concatenate([c, np.zeros(stages)]), integrality=np.zeros(len(c) + stages),
-                  bounds=Bounds(np.concatenate([bounds.lb, np.full(stages, -np.inf)]),
-                                np.concatenate([bounds.ub, budget - problem.stage_base])),
-                  constraints=[structure, totals])
+    c, bounds, constraints = relaxation(problem, budget)
+    result = milp(c=c, integrality=np.zeros(len(c)), bounds=bounds, constraints=constraints)
     if result.x is None:
         raise Infeasible(result.message)
-    saved, _, offloaded = _split(problem, result.x[:len(c)])
+    saved, _, offloaded = _split(problem, result.x[:_width(problem)])
     return saved, offloaded
+
+
+def relaxation(problem: Problem, budget: float):
+    """(objective, bounds, constraints) of the linear relaxation: the
+    plan's variables, then one running total per stage (module docstring)."""
+    c, bounds = _objective_and_bounds(problem)
+    stages = len(problem.stage_base)
+    return (np.concatenate([c, np.zeros(stages)]),
+            Bounds(np.concatenate([bounds.lb, np.full(stages, -np.inf)]),
+                   np.concatenate([bounds.ub, budget - problem.stage_base])),
+            _constraints(problem, budget, running_totals=True))
+
+
+def _width(problem: Problem) -> int:
+    """How many of the variables are the plan's (s, r, o)."""
+    return 2 * problem.n + int(problem.can_offload.sum())
 
 
 def _split(problem: Problem, x: np.ndarray):
