@@ -59,11 +59,11 @@ _CUT_BAND = 48
 _CUT_BAND_WORK = 19_200
 # The distinct plans simulated: those between two frontier plans further
 # apart in peak than _CUT_GAP, at most _CUT_PLANS, fewer on large graphs as
-# each simulation takes time in proportion to the graph (8 up to 400
-# forward values, 2 from 1,600).
+# each simulation takes time in proportion to the graph (8 up to 800
+# forward values, 2 from 3,200).
 _CUT_GAP = 0.99
 _CUT_PLANS = 8
-_CUT_WORK = 3_200
+_CUT_WORK = 6_400
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
