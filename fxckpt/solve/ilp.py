@@ -165,13 +165,16 @@ def _constraints(problem: Problem, budget: float, *, running_totals: bool = Fals
         return [LinearConstraint(structure, lower, upper), _running_totals(problem, movable)]
     # An offloaded value leaves the saved rows (A) for the backward lifetime
     # rows (B): o_i moves size_i from one to the other.
-    moved = (problem.stage_recomputed - problem.stage_saved)[:, movable] * problem.size[movable]
-    memory = np.hstack([problem.stage_saved * problem.size,
-                        problem.stage_recomputed * problem.size
-                        + problem.replay[None, :], moved])
+    # Only the stages no other stage's bytes bound (Problem.binding_stages).
+    stages = problem.binding_stages
+    saved_rows, recomputed_rows = problem.stage_saved[stages], problem.stage_recomputed[stages]
+    moved = (recomputed_rows - saved_rows)[:, movable] * problem.size[movable]
+    memory = np.hstack([saved_rows * problem.size,
+                        recomputed_rows * problem.size + problem.replay[None, :], moved])
     unit = _unit(problem)
     return [LinearConstraint(structure, lower, upper),
-            LinearConstraint(memory * unit, -np.inf, (budget - problem.stage_base) * unit)]
+            LinearConstraint(memory * unit, -np.inf,
+                             (budget - problem.stage_base[stages]) * unit)]
 
 
 def _unit(problem: Problem) -> float:
