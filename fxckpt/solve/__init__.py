@@ -5,7 +5,8 @@ problem (the numeric problem and its peak proxy), runtime_optimal (the min
 cut without a budget), frontier (planning under a budget), ilp (exact),
 fast (LP rounding, Lagrangian cuts), baselines (save-all, recompute-all,
 per-block, sqrt-n), cut (max-flow), again (values recomputed more than
-once, below the single-recompute floor). A budget no plan meets raises
+once, below the single-recompute floor), highs (HiGHS on the programmes
+ilp and fast write). A budget no plan meets raises
 ``frontier.NoPlanFits`` with the numbers; the pipeline words the error.
 """
 
