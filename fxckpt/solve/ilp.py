@@ -10,16 +10,18 @@ Constraints:
   o_i >= s_i                     where MUST_CPU_OFFLOAD
   s_i <= can_save_i, r_i <= can_recompute_i                          (MUST_*)
   base_k + sum_i size_i (A_ki (s_i - o_i) + B_ki (r_i + o_i))
-         + replay . r <= budget                                       (each stage k)
+         + replay . r <= budget                                       (each stage k*)
 (A: a saved value is live at stage k; B: a value backward computes, or
-reloads, is live at stage k.) The linear relaxation writes those rows as
-running totals, one variable m_k per stage: m_k = m_{k-1} + (row k - row
-k-1) . x, m_k <= budget - base_k. A value is live over one or two runs of
-stages, so the differences have a few entries per value where the rows
-have one per stage it is live (Problem.stage_steps): the same programme
-with a tenth of the entries, solved in two thirds of the time on a 58-layer
-GPT. The integer programme keeps the rows whole: with the totals HiGHS's
-branch and bound took 2.5 times as long on a 4-layer GPT's frontier.
+reloads, is live at stage k. *The integer programme keeps only the stages
+no other stage's bytes bound, Problem.binding_stages.) The linear
+relaxation writes the rows as running totals, one variable m_k per stage:
+m_k = m_{k-1} + (row k - row k-1) . x, m_k <= budget - base_k. A value is
+live over one or two runs of stages, so the differences have a few entries
+per value where the rows have one per stage it is live
+(Problem.stage_steps): the same programme with a tenth of the entries,
+solved in two thirds of the time on a 58-layer GPT. The integer programme
+keeps the rows whole: with the totals HiGHS's branch and bound took 2.5
+times as long on a 4-layer GPT's frontier (4 times with highspy 1.16).
 Objective: sum_i cost_i r_i + sum_i transfer_i o_i
            + penalty * (PREFER_SAVE / PREFER_RECOMPUTE overridden) + eps * sum_i size_i s_i.
 The penalty exceeds any recompute cost, so a preference is overridden only
@@ -178,7 +180,8 @@ def _constraints(problem: Problem, budget: float, *, running_totals: bool = Fals
 
 
 def _unit(problem: Problem) -> float:
-    """Memory rows' unit, in bytes: the largest value's size."""
+    """The factor from bytes to the memory rows' unit, the largest value's
+    size."""
     return 1.0 / max(float(problem.size.max(initial=0.0)), 1.0)
 
 
