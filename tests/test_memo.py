@@ -4,13 +4,17 @@ are those planning afresh makes."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 import fxckpt
 import fxckpt.planning.pipeline as pipeline
 from fxckpt.bench.compile import gpt_step
 import fxckpt.planning.memo as memo_module
-from fxckpt.planning.memo import FRONTIERS, FrontierMemo
+from fxckpt.options import Options
+from fxckpt.planning.memo import FRONTIERS, FrontierMemo, frontier_key
 from fxckpt.passes.schedule import Simulated
 
 
@@ -71,3 +75,24 @@ def test_the_memo_keeps_no_graphs_and_only_the_last_few(built):
         memo.remember(k, frontier)
     assert len(memo) == 2 and memo.recall("a") is None and memo.recall(key) is not None
     assert FRONTIERS is not memo_module.FRONTIERS   # conftest's, for this test
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return (x * self.factor).sin()
+
+
+def test_the_key_reads_every_node_and_its_arguments():
+    """The key digests each node's op, target and arguments (what the
+    graph's code says): graphs that differ only in a constant get their own
+    frontiers, the same graph traced again the same one."""
+    profile = SimpleNamespace(nodes={}, needed_by_backward=frozenset(), forward_outputs=(),
+                              backward_outputs=())
+    options = Options.create(compiler="eager")
+    keys = [frontier_key(torch.fx.symbolic_trace(_Scaled(f)), profile, {}, options)
+            for f in (2.0, 2.0, 3.0)]
+    assert keys[0] == keys[1] != keys[2]
