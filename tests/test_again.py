@@ -253,3 +253,34 @@ def test_bases_tied_in_peak_and_cost_are_started_from_once():
     started.clear()
     frontier._recomputed_again(problem, candidate, found(tied=True))
     assert {name.split("+")[0] for name in started} == {"per_block"}
+
+
+def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
+    """Plans recomputing again keep their base's saved set, so none peaks
+    below what the base holds as backward starts (held_at_backward):
+    _recomputed_again skips a base holding the lowest peak already."""
+    profile, tags = random_profile(3)
+    problem = build_problem(profile, tags)
+    plans = {"per_block": per_block(problem), "lean_blocks": recompute_all(problem)}
+
+    class Timeline:
+        def __init__(self, peak, held):
+            self.peak_bytes, self.peak_at, self.held_at_backward = peak, "", held
+
+    started = []
+
+    def candidate(decision):
+        started.append(decision.solver.split("+")[0])
+        return frontier.Candidate(decision, None, Timeline(10**9, 0), 1.0)
+
+    def found(held: int):
+        return [frontier.Candidate(replace(plans["per_block"], solver="per_block"), None,
+                                   Timeline(80, 70), 0.5),
+                frontier.Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
+                                   Timeline(90, held), 0.4)]
+
+    frontier._recomputed_again(problem, candidate, found(held=79))
+    assert set(started) == {"per_block", "lean_blocks"}
+    started.clear()
+    frontier._recomputed_again(problem, candidate, found(held=80))
+    assert set(started) == {"per_block"}

@@ -184,6 +184,32 @@ def test_model_peak_is_memory_models_peak(seed, bits, again, sinks, fused):
     assert sum(model.state_bytes(decision).values()) == sum(rewritten.rng_state_bytes.values())
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32), sinks=st.booleans(),
+       fused=st.booleans())
+def test_what_backward_starts_holding_bounds_plans_recomputing_again(seed, bits, sinks, fused):
+    """held_at_backward depends on the saved set alone: a plan recomputing
+    values again holds the same bytes as backward starts, and neither
+    peaks below them (solve/frontier.py skips again-bases by it)."""
+    joint, profile, tags, num_fwd_outputs, model = analysed(seed)
+    if sinks and not fused:
+        model = sinking_model(seed)
+    if fused:
+        model = fused_model(seed)
+    decision = random_decision(profile, bits)
+    again = with_random_again(profile, decision, bits)
+    assume(again.again)
+    try:
+        verify_decision(profile, tags, decision)
+        verify_decision(profile, tags, again)
+    except PlanError:
+        assume(False)
+    base, variant = model.peak(decision), model.peak(again)
+    assume(base is not None and variant is not None)
+    assert 0 < base.held_at_backward <= base.peak_bytes
+    assert variant.held_at_backward == base.held_at_backward <= variant.peak_bytes
+
+
 def test_the_gpt_recomputing_its_dropout_is_covered():
     """The case the model is for: random recomputes, replayed from a state."""
     joint, profile, tags, num_fwd_outputs, model = analysed(-1)

@@ -56,6 +56,11 @@ class ModelTimeline:
     peak_at: str
     fused: bool = False
     sink_growing: bool | None = None   # the backward order that peaks lower
+    # Bytes live as backward starts: what forward left and backward's inputs
+    # (saved values, generator states, incoming gradients). The same for
+    # every plan with this saved set, whatever it recomputes or when, and
+    # none of them peaks lower (solve/frontier.py's _recomputed_again).
+    held_at_backward: int = 0
 
 
 class _Key:
@@ -193,6 +198,7 @@ class ScheduleModel:
                   pairs, self._inlined(fwd, fwd_inputs, kept, pairs))
         for p in placeholders:
             self._allocate(p, walk)
+        held = walk.total
         best, sink = None, None
         outside = set(placeholders)
         for (bwd, after), order in zip(orders, self.orders):
@@ -203,7 +209,8 @@ class ScheduleModel:
                       outside, set(), self._inlined(sequence, inputs, outputs, pairs, outside))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
-        return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink)
+        return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink,
+                             held_at_backward=held)
 
     # --- the rewrite, replayed ---------------------------------------------
 
