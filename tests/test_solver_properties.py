@@ -21,7 +21,7 @@ from fxckpt.solve.frontier import solve_budgeted
 from fxckpt.solve.fast import solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
-from fxckpt.solve.problem import build_problem
+from fxckpt.solve.problem import build_problem, computed_in_backward
 
 try:
     from tests.random_graphs import random_profile
@@ -277,6 +277,27 @@ def test_binding_stages_hold_the_peak_of_every_plan(seed, offload, plan_seed):
         for each in (problem, doubled):
             live = each.stage_live(saved, recomputed, offloaded)
             assert live[each.binding_stages].max() == live.max()
+
+
+@SETTINGS
+@given(seeds, st.integers(0, 2**32 - 1))
+def test_computed_in_backward_is_what_backward_reaches(seed, mask_seed):
+    """computed_in_backward against a plain search: the values backward
+    reads, and their inputs, never past a saved value."""
+    problem = _problem(seed)
+    rng = np.random.default_rng(mask_seed)
+    for _ in range(10):
+        saved = rng.random(problem.n) < rng.random()
+        reached: set[int] = set()
+        stack = [i for i in range(problem.n) if problem.needed[i] and not saved[i]]
+        while stack:
+            i = stack.pop()
+            if i not in reached and not saved[i]:
+                reached.add(i)
+                stack.extend(int(j) for j in problem.parents[i])
+        expected = np.zeros(problem.n, dtype=bool)
+        expected[list(reached)] = True
+        np.testing.assert_array_equal(computed_in_backward(problem, saved), expected)
 
 
 def _every_stage_row(problem, budget) -> LinearConstraint:
