@@ -18,7 +18,7 @@ from scipy.optimize import LinearConstraint, milp
 from fxckpt.errors import BudgetError
 from fxckpt.solve import BASELINES, highs, ilp
 from fxckpt.solve.frontier import solve_budgeted
-from fxckpt.solve.fast import solve_fast
+from fxckpt.solve.fast import CutPlans, cut_plan, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.solve.problem import build_problem, computed_in_backward
@@ -298,6 +298,23 @@ def test_computed_in_backward_is_what_backward_reaches(seed, mask_seed):
         expected = np.zeros(problem.n, dtype=bool)
         expected[list(reached)] = True
         np.testing.assert_array_equal(computed_in_backward(problem, saved), expected)
+
+
+@SETTINGS
+@given(seeds, st.sampled_from([1e-12, 1e-9, 1e-7, 1e-5]))
+def test_cut_plans_remembered_hold_for_refined_problems(seed, lam):
+    """A frontier's solves share cut plans by price (CutPlans) across the
+    problem and its refinements: a refinement changes the proxy's stage
+    rows, never the cut plan at a price."""
+    problem = _problem(seed)
+    refined = problem.refined(problem.can_recompute.astype(bool))
+    assert refined is not problem
+    cuts = CutPlans()
+    remembered = cuts(problem, lam)
+    assert cuts(refined, lam) is remembered
+    for mine, fresh in zip(remembered, cut_plan(refined, lam)):
+        np.testing.assert_array_equal(mine, fresh)
+        assert not mine.flags.writeable
 
 
 def _every_stage_row(problem, budget) -> LinearConstraint:

@@ -44,10 +44,11 @@ _POLISH_MAX_VALUES = 400
 _POLISH_NODES = 200
 
 
-def solve_fast(problem: Problem, budget: float
+def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Plan within ``budget`` under the memory proxy; return (saved,
-    recomputed, offloaded)."""
+    recomputed, offloaded). ``cuts``: cut plans found for this problem or a
+    refinement of it before (CutPlans), kept there."""
     candidates = _rounded_plans(problem, budget)
     if problem.n <= _POLISH_MAX_VALUES:
         try:
@@ -55,7 +56,8 @@ def solve_fast(problem: Problem, budget: float
         except Infeasible:
             pass
     try:
-        candidates.append(_with_offload(problem, budget, *_cut_plan(problem, budget)))
+        candidates.append(_with_offload(problem, budget,
+                                        *_cut_plan(problem, budget, cuts or CutPlans())))
     except Infeasible:
         pass
     feasible = [c for c in candidates if problem.peak(*c) <= budget]
@@ -144,18 +146,38 @@ def cut_plan(problem: Problem, lam: float) -> tuple[np.ndarray, np.ndarray]:
     return saved, computed_in_backward(problem, saved)
 
 
-def _cut_plan(problem: Problem, budget: float):
+class CutPlans:
+    """``cut_plan`` by price, remembered for one problem and its
+    refinements (Problem.refined changes the proxy's stage rows, never what
+    a cut plan is). The bisections of a frontier's solves probe many of the
+    same prices: 198 of 281 on an 8-layer GPT, 73 of 146 on a 58-layer one.
+    The plans are read-only."""
+
+    def __init__(self) -> None:
+        self._plans: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, problem: Problem, lam: float) -> tuple[np.ndarray, np.ndarray]:
+        plan = self._plans.get(lam)
+        if plan is None:
+            plan = cut_plan(problem, lam)
+            for mask in plan:
+                mask.flags.writeable = False
+            self._plans[lam] = plan
+        return plan
+
+
+def _cut_plan(problem: Problem, budget: float, cuts: CutPlans):
     """The cheapest Lagrangian cut plan whose proxy peak fits the budget."""
     low, high = 0.0, 1.0
-    best = cut_plan(problem, high)
+    best = cuts(problem, high)
     while problem.peak(*best) > budget:
         if high > 1e18:
             raise Infeasible("no cut plan fits the budget under the memory model")
         low, high = high, high * 1e3
-        best = cut_plan(problem, high)
+        best = cuts(problem, high)
     for _ in range(_BISECTION_STEPS):
         mid = np.sqrt(max(low, 1e-30) * high) if low > 0 else high / 1e3
-        candidate = cut_plan(problem, mid)
+        candidate = cuts(problem, mid)
         if problem.peak(*candidate) <= budget:
             high, best = mid, candidate
         else:

@@ -32,7 +32,7 @@ from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
-from fxckpt.solve.fast import cut_plan, solve_fast
+from fxckpt.solve.fast import CutPlans, cut_plan, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
@@ -148,10 +148,12 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
                                      sqrt_segments(problem))]
 
     base = problem
+    # Cut plans by price, shared by every solve (all on base or refinements of it).
+    cuts = CutPlans()
 
     def solved(target: float, proxy: Problem | None = None) -> Candidate:
         started = time.perf_counter()
-        saved, recomputed, offloaded, gap = strategy(proxy or problem, target)
+        saved, recomputed, offloaded, gap = strategy(proxy or problem, target, cuts)
         return candidate(to_decision(
             problem, saved, recomputed, offloaded, solver=strategy.__name__,
             seconds=time.perf_counter() - started, gap=gap, budget_bytes=None))
@@ -368,12 +370,12 @@ def _pick(solver: str, problem: Problem):
     return _fast
 
 
-def _ilp(problem, target):
+def _ilp(problem, target, cuts):
     return solve_ilp(problem, target)
 
 
-def _fast(problem, target):
-    return (*solve_fast(problem, target), None)
+def _fast(problem, target, cuts):
+    return (*solve_fast(problem, target, cuts), None)
 
 
 _ilp.__name__, _fast.__name__ = "ilp", "fast"
