@@ -32,7 +32,7 @@ from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
-from fxckpt.solve.fast import CutPlans, cut_plan, solve_fast
+from fxckpt.solve.fast import CutPlans, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
@@ -148,7 +148,8 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
                                      sqrt_segments(problem))]
 
     base = problem
-    # Cut plans by price, shared by every solve (all on base or refinements of it).
+    # Cut plans by price, shared by every solve and _cut_plans (all on base
+    # or refinements of it).
     cuts = CutPlans()
 
     def solved(target: float, proxy: Problem | None = None) -> Candidate:
@@ -186,7 +187,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     if problem is not base:
         found += _below_lowest(lambda target: solved(target, base), min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
-    found += _cut_plans(base, candidate, found)
+    found += _cut_plans(base, candidate, found, cuts)
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
     return _non_dominated(found)
 
@@ -228,7 +229,8 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
     return added
 
 
-def _cut_plans(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
+def _cut_plans(problem: Problem, candidate, found: list[Candidate],
+               cuts: CutPlans) -> list[Candidate]:
     """Minimum-cut plans at prices per byte spread over the values' own cost
     per byte (see fast.cut_plan): plans chosen by saved bytes, not by the
     proxy's peak, which can be cautious about a whole family of plans. On
@@ -246,20 +248,20 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate]) -> list[Cand
         return []
     low, high = np.quantile(ratio, [0.01, 0.99])
     prices = list(np.geomspace(max(low, 1e-30) / 10, max(high, low, 1e-30) * 10, _CUT_PRICES))
-    cuts = {lam: cut_plan(problem, float(lam)) for lam in prices}
+    plans = {lam: cuts(problem, float(lam)) for lam in prices}
     # The plans change within a narrower band of prices: as many again
     # spread over the band.
-    saved_bytes = [float(problem.size[cuts[lam][0]].sum()) for lam in prices]
+    saved_bytes = [float(problem.size[plans[lam][0]].sum()) for lam in prices]
     changes = [k for k in range(len(prices) - 1) if saved_bytes[k] != saved_bytes[k + 1]]
     if changes:
         count = max(_CUT_PRICES // 2, min(_CUT_BAND, _CUT_BAND_WORK // max(problem.n, 1)))
         band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], count + 2)[1:-1]
-        cuts.update((float(lam), cut_plan(problem, float(lam))) for lam in band)
+        plans.update((float(lam), cuts(problem, float(lam))) for lam in band)
     frontier = _non_dominated(found)
     known = {(c.decision.saved, c.decision.recomputed) for c in found}
     masks: dict[tuple, tuple] = {}
-    for lam in sorted(cuts):
-        saved, recomputed = cuts[lam]
+    for lam in sorted(plans):
+        saved, recomputed = plans[lam]
         key = (saved.tobytes(), recomputed.tobytes())
         if key not in masks:
             masks[key] = (saved, recomputed, problem.plan_cost(recomputed))
