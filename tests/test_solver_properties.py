@@ -372,3 +372,57 @@ def test_relaxation_as_running_totals_is_the_same_programme(seed, offload, posit
     assert (memory.A @ x <= memory.ub + 1e-6 * scale).all()
     assert c_totals @ totalled.x == pytest.approx(dense.fun, rel=0, abs=1e-9 * np.abs(c).max())
     np.testing.assert_allclose(saved, x[:problem.n], atol=1e-9)
+
+
+def _tuple_op_problem():
+    """x -> f0 -> pool (several outputs, a tuple: cannot be saved, costly)
+    -> getitems g0, g1 (cost nothing), which backward reads."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile, Tag
+
+    def node(name, inputs, phase=FORWARD, **fields):
+        return NodeProfile(name=name, op="aten.op.default", phase=phase, inputs=inputs,
+                           storage=name, **fields)
+    nodes = [NodeProfile(name="primals_1", op="input", phase=FORWARD, inputs=(), bytes=256,
+                         storage="primals_1", is_input=True, not_recomputable="graph input"),
+             node("f0", ("primals_1",), bytes=256, cost=1e-4),
+             node("pool", ("f0",), bytes=0, cost=1e-3, is_tensor=False),
+             node("g0", ("pool",), bytes=1024),
+             node("g1", ("pool",), bytes=512),
+             node("out", ("g0",), bytes=64, cost=1e-5),
+             NodeProfile(name="tangents_1", op="input", phase=BACKWARD, inputs=(), bytes=64,
+                         storage="tangents_1", is_input=True, not_recomputable="graph input"),
+             node("b0", ("g0", "g1", "tangents_1"), BACKWARD, bytes=1024, cost=1e-4),
+             node("b1", ("b0",), BACKWARD, bytes=256, cost=1e-4)]
+    profile = Profile(nodes={n.name: n for n in nodes},
+                      needed_by_backward=frozenset({"g0", "g1"}),
+                      forward_outputs=("out",), backward_outputs=("b1",))
+    tags = {n.name: Tag(None, "default", "default") for n in nodes if n.phase == FORWARD}
+    tags["primals_1"] = Tag(CheckpointPolicy.MUST_SAVE, "graph input", "op")
+    return build_problem(profile, tags)
+
+
+def test_fill_ends_the_recompute_of_an_op_whose_outputs_cost_nothing():
+    """Saving one value at a time never ends the recompute of an op with
+    several outputs (max_pool2d_with_indices, native_layer_norm): the op
+    itself cannot be saved and its getitems cost nothing. The fill saves
+    the getitems together."""
+    from fxckpt.solve.fast import fill
+    problem = _tuple_op_problem()
+    index = {name: i for i, name in enumerate(problem.names)}
+    assert not problem.can_save[index["pool"]]
+    recompute_all = np.zeros(problem.n, dtype=bool)
+    recompute_all[index["primals_1"]] = True
+    start = (recompute_all, computed_in_backward(problem, recompute_all))
+    assert start[1][index["pool"]]
+    # Enough memory to save the getitems instead.
+    budget = max(problem.peak(*start),
+                 problem.peak(_named(problem, "g0", "g1"), np.zeros(problem.n, bool)))
+    saved, recomputed, offloaded = fill(problem, budget, *start, np.zeros(problem.n, bool))
+    assert problem.peak(saved, recomputed, offloaded) <= budget
+    assert problem.plan_cost(recomputed, offloaded) == 0.0
+    assert not recomputed[index["pool"]]
+
+
+def _named(problem, *names):
+    return np.array([name in names for name in problem.names])

@@ -64,6 +64,9 @@ _CUT_BAND_WORK = 19_200
 _CUT_GAP = 0.99
 _CUT_PLANS = 8
 _CUT_WORK = 6_400
+# Besides those, up to _STEEP_PLANS whose proxy peak lies below the frontier
+# plans either side of them in cost (none from 3,200 forward values).
+_STEEP_PLANS = 3
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
@@ -265,7 +268,7 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
         key = (saved.tobytes(), recomputed.tobytes())
         if key not in masks:
             masks[key] = (saved, recomputed, problem.plan_cost(recomputed))
-    ranked = []
+    ranked, steep = [], []
     for saved, recomputed, cost in masks.values():
         decision = to_decision(problem, saved, recomputed, solver="cut", seconds=0.0,
                                gap=None, budget_bytes=None)
@@ -278,11 +281,23 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
         cheaper = [c for c in frontier if c.cost <= cost]
         dearer = [c for c in frontier if c.cost > cost]
         width = cheaper[0].peak / max(dearer[-1].peak, 1) if cheaper and dearer else 1.0
+        if cheaper and dearer and cost > cheaper[0].cost:
+            # Where the frontier drops steeply in cost over a narrow band
+            # of peaks, a plan costing between the two may still peak below
+            # both: the proxy's peak says how far below.
+            below = cheaper[0].peak / max(problem.peak(saved, recomputed), 1.0)
+            if below > width and below >= 1.0 / _CUT_GAP:
+                steep.append((-below, len(steep), decision))
         if dearer and width < 1.0 / _CUT_GAP:
             continue
         ranked.append((-width, len(ranked), decision))
     count = max(2, min(_CUT_PLANS, _CUT_WORK // max(problem.n, 1)))
-    return [candidate(decision) for _, _, decision in sorted(ranked)[:count]]
+    chosen = [decision for _, _, decision in sorted(ranked)[:count]]
+    keys = {_plan_key(decision) for decision in chosen}
+    extra = min(_STEEP_PLANS, _CUT_WORK // max(2 * problem.n, 1))
+    chosen += [decision for _, _, decision in sorted(steep)
+               if _plan_key(decision) not in keys][:extra]
+    return [candidate(decision) for decision in chosen]
 
 
 def _recomputed_again(problem: Problem, candidate, found: list[Candidate],

@@ -125,6 +125,14 @@ class Problem:
         return edges.indptr.astype(np.int64), edges.indices.astype(np.int64)
 
     @cached_property
+    def reader_lists(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, indices): the distinct values reading each value, CSR
+        style, as ``input_lists`` gives their inputs."""
+        edges = sp.csr_array(self.input_edges.T)
+        edges.sum_duplicates()
+        return edges.indptr.astype(np.int64), edges.indices.astype(np.int64)
+
+    @cached_property
     def input_readers(self) -> np.ndarray:
         """The value reading each of ``input_lists``' edges, in their order."""
         indptr, _ = self.input_lists
