@@ -84,9 +84,19 @@ def _distinct(plans: list) -> list:
 
 def _objective(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
                offloaded: np.ndarray) -> float:
-    return float(_recompute_weight(problem)[recomputed].sum()
-                 + _save_penalty(problem)[saved].sum()
-                 + problem.transfer[offloaded].sum())
+    return _objective_of(problem)(saved, recomputed, offloaded)
+
+
+def _objective_of(problem: Problem):
+    """``_objective`` for one problem, its weights computed once (the fill
+    prices thousands of moves)."""
+    recompute, penalty, transfer = _recompute_weight(problem), _save_penalty(problem), \
+        problem.transfer
+
+    def objective(saved: np.ndarray, recomputed: np.ndarray, offloaded: np.ndarray) -> float:
+        return float(recompute[recomputed].sum() + penalty[saved].sum()
+                     + transfer[offloaded].sum())
+    return objective
 
 
 def _rounded_plans(problem: Problem, budget: float) -> list:
@@ -206,31 +216,34 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
     device or offloaded; keep an offloaded value on the device) by time saved
     per byte of peak added, and takes the best that fits."""
     plan = (saved.copy(), recomputed.copy(), offloaded.copy())
-    objective = _objective(problem, *plan)
+    price = _objective_of(problem)
+    objective = price(*plan)
     peak = problem.peak(*plan)
     for _ in range(_FILL_ROUNDS):
-        best = _best_move(problem, budget, plan, objective, peak, _moves(problem, *plan))
+        best = _best_move(problem, budget, price, objective, peak, _moves(problem, *plan))
         if best is None:
             # Only then the releasing moves (``_released``): there are as
             # many as ops with several outputs, and weighing them every
             # round took the 8-layer GPT's fills 1.7 times as long.
-            best = _best_move(problem, budget, plan, objective, peak,
+            best = _best_move(problem, budget, price, objective, peak,
                               _moves(problem, *plan, releasing=True))
         if best is None:
             break
         _, plan, peak = best
-        objective = _objective(problem, *plan)
+        objective = price(*plan)
     return plan
 
 
-def _best_move(problem: Problem, budget: float, plan, objective: float, peak: float, moves):
+def _best_move(problem: Problem, budget: float, price, objective: float, peak: float, moves):
     """(score, plan, peak) of the move saving the most time per byte of peak
     added that fits the budget; None if none saves time."""
     best = None
     for trial in moves:
+        gain = objective - price(*trial)
+        if gain <= 0:
+            continue
         trial_peak = problem.peak(*trial)
-        gain = objective - _objective(problem, *trial)
-        if trial_peak > budget or gain <= 0:
+        if trial_peak > budget:
             continue
         score = gain / (max(trial_peak - peak, 0.0) + 1.0)
         if best is None or score > best[0]:
