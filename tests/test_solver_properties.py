@@ -426,3 +426,19 @@ def test_fill_ends_the_recompute_of_an_op_whose_outputs_cost_nothing():
 
 def _named(problem, *names):
     return np.array([name in names for name in problem.names])
+
+
+@SETTINGS
+@given(seeds, offload, st.floats(min_value=0.0, max_value=0.02))
+def test_repaired_plans_are_runnable_and_within_budget(seed, offload, over):
+    """A plan just over the budget, repaired by recomputing values live at
+    the proxy's peak: runnable and within the budget, or None."""
+    from fxckpt.solve.fast import repaired
+    problem = _problem(seed, offload)
+    saved, recomputed = _masks(problem, BASELINES["save_all"](problem))
+    plan = (saved, recomputed, problem.tagged_offload(saved))
+    budget = problem.peak(*plan) / (1 + over) - 1
+    fixed = repaired(problem, budget, plan)
+    if fixed is not None:
+        assert problem.is_feasible(*fixed) == ""
+        assert problem.peak(*fixed) <= budget
