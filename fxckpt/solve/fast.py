@@ -103,7 +103,8 @@ def repaired(problem: Problem, budget: float, plan) -> tuple | None:
             for trial in (_unsaved(problem, saved, i, inputs) for inputs in (False, True)):
                 if trial is None:
                     continue
-                trial = (*trial, offloaded & trial[0])
+                # What must be offloaded when saved is, if newly saved.
+                trial = (*trial, (offloaded | problem.must_offload) & trial[0])
                 trial_live = problem.stage_live(*trial)
                 lowered = peak - float(trial_live.max())
                 if lowered <= 0:

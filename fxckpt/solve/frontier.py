@@ -332,8 +332,15 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
              if getattr(base.timeline, "held_at_backward", 0) < lowest]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
+    # A base whose first plan recomputing again ties an earlier base's first
+    # (the same exact peak and cost) is not swept further: it behaves as
+    # that base (per_block and lean_blocks on GPTs, whose saved sets differ
+    # by a view and its base, and whose plans then tie at every stretch; 16
+    # layers: 2 of 12 evaluations; 8 layers: 3 of 15).
+    firsts: set[tuple] = set()
     for base in bases:
         recomputed = _mask(problem, base.decision.recomputed)
+        first = True
         for fraction in _AGAIN_GAPS:
             again = tuple(sorted((problem.names[i], s) for i, s in
                                  copy_steps(problem, recomputed, fraction).items()))
@@ -344,6 +351,11 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
                                      solver=f"{base.decision.solver}+again"))
             if made.peak < lowest:
                 kept.append(made)
+            if first:
+                first = False
+                if (made.peak, made.cost) in firsts:
+                    break
+                firsts.add((made.peak, made.cost))
     return kept
 
 
