@@ -11,7 +11,11 @@ Two sources of candidate plans, the cheapest feasible one wins:
   whose proxy peak fits the budget.
 Rounded and cut plans usually leave room under the budget: the greedy fill
 then saves recomputed values back, best recompute cost removed per byte of
-peak added first, for at most ``_FILL_ROUNDS`` rounds. Last, on graphs of
+peak added first, for at most ``_FILL_ROUNDS`` rounds (where no single value
+helps, all the recomputed readers of a costly value that cannot be saved,
+such as an op with several outputs). Where no candidate fits but one is
+over by at most ``_REPAIR_REACH``, it is repaired first: values live at the
+proxy's peak are recomputed until it fits. Last, on graphs of
 up to ``_POLISH_MAX_VALUES`` forward values the exact programme runs, its
 search bounded by ``_POLISH_NODES`` branch-and-bound nodes.
 
