@@ -39,6 +39,9 @@ from fxckpt.solve.problem import Problem, computed_in_backward
 
 _BISECTION_STEPS = 24
 _FILL_CANDIDATES = 64
+# Releasing moves weighed per round (``_released``): one per op with several
+# outputs backward recomputes, hundreds on deep models.
+_RELEASE_CANDIDATES = 16
 _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
 # The exact programme's root and a short search cost seconds on graphs of
@@ -340,7 +343,7 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
                       if problem.cost[i] > 0]
         offloaded_moves = True
     candidates.sort(key=lambda c: -problem.cost[c[0]] / (problem.size[list(c[1])].sum() + 1.0))
-    for _, members in candidates[:_FILL_CANDIDATES]:
+    for _, members in candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]:
         trial = saved.copy()
         trial[list(members)] = True
         trial_recomputed = computed_in_backward(problem, trial)
