@@ -77,11 +77,12 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
         feasible = [fixed] if fixed is not None else []
     if not feasible:
         raise Infeasible("no plan fits the budget under the memory model")
-    feasible.sort(key=lambda c: _objective(problem, *c))
+    price = _objective_of(problem)
+    feasible.sort(key=lambda c: price(*c))
     # The two best are often the same plan (rounding at several thresholds
     # and the cut meet: 4 of 10 solves on a 58-layer GPT), filled once.
     filled = [fill(problem, budget, *c) for c in _distinct(feasible[:2])]
-    return min(filled, key=lambda c: (_objective(problem, *c), problem.peak(*c)))
+    return min(filled, key=lambda c: (price(*c), problem.peak(*c)))
 
 
 def repaired(problem: Problem, budget: float, plan) -> tuple | None:
@@ -159,14 +160,10 @@ def _distinct(plans: list) -> list:
     return kept
 
 
-def _objective(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
-               offloaded: np.ndarray) -> float:
-    return _objective_of(problem)(saved, recomputed, offloaded)
-
-
 def _objective_of(problem: Problem):
-    """``_objective`` for one problem, its weights computed once (the fill
-    prices thousands of moves)."""
+    """The objective the strategies minimise, as a function of a plan's
+    masks: recompute (with preference penalties) and transfer time. Its
+    weights are computed once (the fill prices thousands of moves)."""
     recompute, penalty, transfer = _recompute_weight(problem), _save_penalty(problem), \
         problem.transfer
 
@@ -336,12 +333,10 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
     value that is not to be saved itself (``_released``)."""
     if releasing:
         candidates = _released(problem, recomputed)
-        offloaded_moves = False
     else:
         candidates = [(i, (i,)) for i in np.flatnonzero(recomputed & problem.can_save
                                                         & ~problem.prefer_recompute)
                       if problem.cost[i] > 0]
-        offloaded_moves = True
     candidates.sort(key=lambda c: -problem.cost[c[0]] / (problem.size[list(c[1])].sum() + 1.0))
     for _, members in candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]:
         trial = saved.copy()
@@ -356,7 +351,7 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
             moved = kept.copy()
             moved[members[0]] = True
             yield trial, trial_recomputed, moved
-    if not offloaded_moves:
+    if releasing:
         return
     for i in np.flatnonzero(offloaded & ~problem.must_offload)[:_FILL_CANDIDATES]:
         kept = offloaded.copy()
