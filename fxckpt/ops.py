@@ -236,6 +236,13 @@ def returns_state(node: fx.Node, index) -> bool:
 
 # --- how torch's min-cut partitioner classes ops ------------------------------
 
+# The halves of a host dropout split for planning (passes/dropout.py), as
+# torch's partitioner classes what they stand for: the draw as dropout, the
+# product as a multiplication.
+_CLASSED_AS = {"fxckpt::dropout_mask": aten.native_dropout,
+               "fxckpt::apply_dropout_mask": aten.mul}
+
+
 @functools.cache
 def _partitioner_ops():
     from torch._functorch.partitioners import get_default_op_list
@@ -247,6 +254,7 @@ def remat_kind(node: fx.Node) -> RematKind:
     views, fusible and recomputable ops; its size measure)."""
     lists = _partitioner_ops()
     target = packet(node) or node.target
+    target = _CLASSED_AS.get(getattr(target, "_qualified_op_name", None), target)
     size = remat_bytes(node.meta.get("val"))
     args_size = sum(remat_bytes(a.meta.get("val")) for a in node.args if isinstance(a, fx.Node))
     return RematKind(

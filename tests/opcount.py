@@ -146,3 +146,27 @@ class OpCounter(TorchDispatchMode):
             for op, n in sorted(c.items(), key=lambda kv: str(kv[0])):
                 lines.append(f"  {op}: {n}")
         return "\n".join(lines)
+
+
+# fxckpt plans a host dropout as two ops (fxckpt/passes/dropout.py): the
+# draw, ``fxckpt.dropout_mask``, and the product of the input with the mask,
+# ``fxckpt.apply_dropout_mask``. Forward runs them as one native_dropout.
+# A recomputed dropout runs them in backward: the draw is torch's recomputed
+# native_dropout, the product the rest of it (not an op of its own in torch).
+_DRAW, _PRODUCT = "fxckpt.dropout_mask", "fxckpt.apply_dropout_mask"
+
+
+def as_torch_counts(counts: Counter) -> Counter:
+    """``counts`` (keyed by packet or by its name) with each replayed draw
+    counted as the ``aten.native_dropout`` torch recomputes, and the
+    products left out."""
+    named = isinstance(next(iter(counts), ""), str)
+    out = Counter()
+    for op, n in counts.items():
+        name = op if named else str(op)
+        if name == _PRODUCT:
+            continue
+        if name == _DRAW:
+            op = "aten.native_dropout" if named else aten.native_dropout
+        out[op] += n
+    return out

@@ -45,9 +45,10 @@ def _recomputed_ops(plans) -> Counter:
     ops = Counter()
     for plan in plans:
         for entry in plan.entries:
-            if entry.action == "recomputed" and entry.op.startswith("aten."):
-                name = entry.op.split(".")[1]
-                packet = getattr(torch.ops.aten, name)
+            # aten ops, and fxckpt's halves of a host dropout (passes/dropout.py).
+            if entry.action == "recomputed" and entry.op.startswith(("aten.", "fxckpt.")):
+                namespace, name = entry.op.split(".")[:2]
+                packet = getattr(getattr(torch.ops, namespace), name)
                 if packet not in IGNORE:
                     ops[packet] += 1
     return ops

@@ -66,25 +66,29 @@ def _traced_op(fn, *args):
     return next(n for n in gm.graph.nodes if n.op == "call_function")
 
 
-@pytest.mark.parametrize("case", ["safe_softmax", "dropout_backward"])
+@pytest.mark.parametrize("case", ["safe_softmax", "dropout_backward", "dropout_mask",
+                                  "apply_dropout_mask"])
 def test_op_scratch_is_what_the_allocator_sees(case):
     """``workspace_bytes`` of an op is its measured peak less its output:
     _safe_softmax's mask, reduced mask and scalar; dropout backward's widened
-    mask and its scale as two scalar tensors."""
+    mask and its scale as two scalar tensors; the halves of a split host
+    dropout (passes/dropout.py), each a tensor like its input."""
     from fxckpt.memory.model import workspace_bytes
+    from fxckpt.passes.dropout import APPLY_DROPOUT_MASK, DROPOUT_MASK
     torch.set_num_threads(1)
     scores = torch.randn(2, 4, 64, 64)
-    if case == "safe_softmax":
-        def fn(x):
-            return torch.ops.aten._safe_softmax.default(x, -1)
-        args = (scores,)
-    else:
-        def fn(g, m):
-            return torch.ops.aten.native_dropout_backward.default(g, m, 1.25)
-        args = (scores, torch.rand(2, 4, 64, 64) > 0.2)
+    mask = torch.rand(2, 4, 64, 64) > 0.2
+    fn, args = {
+        "safe_softmax": (lambda x: torch.ops.aten._safe_softmax.default(x, -1), (scores,)),
+        "dropout_backward": (lambda g, m: torch.ops.aten.native_dropout_backward.default(
+            g, m, 1.25), (scores, mask)),
+        "dropout_mask": (lambda x: DROPOUT_MASK(x, 0.2), (scores,)),
+        "apply_dropout_mask": (lambda x, m: APPLY_DROPOUT_MASK(x, m, 1.25), (scores, mask)),
+    }[case]
     node = _traced_op(fn, *args)
+    output = fn(*args).untyped_storage().nbytes()
     measured = measure_peak_bytes(lambda: fn(*args))
-    assert measured - scores.nbytes == workspace_bytes(node) > 0
+    assert measured - output == workspace_bytes(node) > 0
 
 
 @pytest.mark.parametrize("case", [

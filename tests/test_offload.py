@@ -131,7 +131,7 @@ def test_offload_frees_the_device_by_the_offloaded_bytes(stand_in):
     assert "offloaded" in str(moved) and "GB/s" in str(moved)
 
 
-BUDGET = 4_400_000   # between the all-offloaded peak (3.83 MB) and saving on the device (5.61 MB)
+BUDGET = 3_700_000   # just above the all-offloaded peak (3.58 MB): on the device alone a plan recomputes matmuls to fit
 
 
 def test_a_fast_link_makes_offload_the_cheapest_way_to_fit(stand_in):

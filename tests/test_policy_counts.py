@@ -23,11 +23,11 @@ from fxckpt import policies as pol
 
 try:
     from tests.harness import assert_bitwise_equal, fresh, run_step
-    from tests.opcount import DEFAULT_IGNORE, OpCounter
+    from tests.opcount import DEFAULT_IGNORE, OpCounter, as_torch_counts
     from tests.zoo import GPT, ZOO
 except ImportError:  # pragma: no cover - run from inside tests/
     from harness import assert_bitwise_equal, fresh, run_step
-    from opcount import DEFAULT_IGNORE, OpCounter
+    from opcount import DEFAULT_IGNORE, OpCounter, as_torch_counts
     from zoo import GPT, ZOO
 
 aten = torch.ops.aten
@@ -86,7 +86,7 @@ def rerun(counter: OpCounter, make=_gpt) -> dict[str, int]:
     """Ops backward ran beyond the save-all backward: the recomputed forward ops."""
     extra = Counter(counter.counts["backward"])
     extra.subtract(baseline(make).counts["backward"])
-    return {str(op): n for op, n in extra.items() if n}
+    return dict(as_torch_counts(Counter({str(op): n for op, n in extra.items() if n})))
 
 
 def compute(extra: dict[str, int]) -> dict[str, int]:

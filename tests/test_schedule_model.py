@@ -24,8 +24,7 @@ from fxckpt.passes import schedule
 from fxckpt.passes.rewrite import rewrite, rewrite_orders
 from fxckpt.passes.verify import verify_decision
 from fxckpt.planning.phases import PhaseClock
-from fxckpt.passes.cse import deduplicated
-from fxckpt.planning.pipeline import Planner, problem_for
+from fxckpt.planning.pipeline import Planner, prepared_joint, problem_for
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, Decision
 
@@ -79,7 +78,7 @@ def profiled(joint, kwargs, compiler: str = "eager"):
     profile, tags, _ = planner._analyse(joint, kwargs["num_fwd_outputs"],
                                         kwargs.get("static_lifetime_input_indices"),
                                         PhaseClock())
-    return deduplicated(joint), profile, tags, planner.options
+    return prepared_joint(joint, compiler), profile, tags, planner.options
 
 
 @functools.lru_cache(maxsize=None)

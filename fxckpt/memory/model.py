@@ -29,6 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxckpt.memory.cuda_scratch import cuda_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
+from fxckpt.passes.dropout import APPLY_DROPOUT_MASK, DROPOUT_MASK
 from fxckpt.types import BACKWARD, is_recomputed_name, point, split_point
 
 # What fxckpt::offload returns lives in host memory, never on the device (on
@@ -379,6 +380,11 @@ _CPU_BUFFERS = {
 # op -> which tensors' bytes the scratch equals (-1: the op's output).
 _WORKSPACE = {
     _aten.native_dropout: (0,),
+    # A host dropout split for planning (passes/dropout.py): the draw fills
+    # a tensor like its input before the bool mask; the product scales the
+    # mask in the input's dtype first.
+    DROPOUT_MASK.overloadpacket: (0,),
+    APPLY_DROPOUT_MASK.overloadpacket: (0,),
     _aten.convolution: (-1,),
     _aten.convolution_backward: (0, 1, 2),
     _aten.native_batch_norm_backward: (1,),

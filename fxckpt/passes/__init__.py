@@ -1,1 +1,2 @@
-"""Graph passes: profile, tag, rewrite, rng, verify."""
+"""Graph passes: cse and dropout (the joint graph made ready to plan),
+profile, tag, rewrite (with rng, offload and schedule), verify."""

@@ -27,6 +27,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.errors import PolicyError, warn_once
+from fxckpt.passes.dropout import answered_by, original_call
 from fxckpt.policies.api import OpCall, PolicyFactory, check_answer, finish
 from fxckpt.types import NodeProfile, Origin, Profile, Tag
 from fxckpt.ops import SEED_DRAW
@@ -59,31 +60,53 @@ def ask_policy(policy: PolicyFactory, nodes: dict[str, fx.Node],
     """The policy's answer for every forward op, in forward order, with the
     decider's revisions applied. Ops are what torch's selective checkpointing
     would show it (OpOverloads and higher-order ops); an element of a
-    multi-output op takes the op's answer."""
+    multi-output op takes the op's answer, and so does the mask of a host
+    dropout split for planning (asked about as the ``native_dropout`` it was)."""
     decide = policy.for_graph()
     answers: dict[str, CheckpointPolicy | None] = {}
     elements = []
     for info in profile.forward_nodes():
         node = nodes[info.name]
-        if _element_of(node) is not None:
+        if _answered_by(node) is not None:
             elements.append(node)
         elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
             answers[node.name] = decide(op_call(node, info))
     answers.update(finish(decide))
     for name, answer in answers.items():
-        check_answer(answer, what=f"policy {policy!r}, {name} ({nodes[name].target})")
+        check_answer(answer, what=f"policy {policy!r}, {name} ({_asked_op(nodes[name])})")
     for node in elements:
-        answers[node.name] = answers.get(_element_of(node).name)
+        answers[node.name] = answers.get(_answered_by(node))
     return answers
 
 
 def op_call(node: fx.Node, info: NodeProfile) -> OpCall:
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
-    return OpCall(name=node.name, op=node.target, args=tuple(args), kwargs=dict(kwargs),
+    """What the policy is shown of ``node``: its op call, or for the output
+    of a split host dropout (passes/dropout.py) the ``native_dropout`` call
+    it stands for, output and mask together."""
+    call = original_call(node)
+    op, args, kwargs = call or (node.target, node.args, node.kwargs)
+    read: list[fx.Node] = []
+    fx.node.map_arg((args, kwargs), read.append)
+    args, kwargs = fx.node.map_arg((args, kwargs), lambda a: a.meta.get("val"))
+    output = node.meta.get("val")
+    if call is not None:
+        mask = next(u for u in node.all_input_nodes if answered_by(u) == node.name)
+        output = (output, mask.meta.get("val"))
+    inputs = tuple(dict.fromkeys((_element_of(i) or i).name for i in read))
+    return OpCall(name=node.name, op=op, args=tuple(args), kwargs=dict(kwargs),
                   module_path=info.module_path, source=info.source,
-                  value_names=_value_names(node), profile=info,
-                  output=node.meta.get("val"),
-                  inputs=tuple((_element_of(i) or i).name for i in node.all_input_nodes))
+                  value_names=_value_names(node), profile=info, output=output, inputs=inputs)
+
+
+def _answered_by(node: fx.Node) -> str | None:
+    """The node whose answer ``node`` takes: the op it is an element of, or
+    the output of the split dropout it is the mask of."""
+    element_of = _element_of(node)
+    return element_of.name if element_of is not None else answered_by(node)
+
+
+def _asked_op(node: fx.Node):
+    return (original_call(node) or (node.target,))[0]
 
 
 def _element_of(node: fx.Node) -> fx.Node | None:

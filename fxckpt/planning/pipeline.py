@@ -35,6 +35,7 @@ from fxckpt.options import Options, format_bytes
 from fxckpt.planning.phases import PhaseClock, Progress
 from fxckpt.passes import schedule
 from fxckpt.passes.cse import deduplicated
+from fxckpt.passes.dropout import joined_host_dropouts, split_host_dropouts
 from fxckpt.passes.profile import profile_joint_graph
 from fxckpt.passes.rewrite import rewrite_orders
 from fxckpt.passes.tag import tag_forward_values
@@ -217,9 +218,10 @@ class Planner:
             made = Planned(plan, decision, frontiers[-1] if frontiers else None), rewritten
         planned, rewritten = made
         self._record(planned)
-        self.graphs.append((rewritten.forward.graph, rewritten.backward.graph))
+        forward = joined_host_dropouts(rewritten.forward)
+        self.graphs.append((forward.graph, rewritten.backward.graph))
         progress.finished(planned.plan)
-        return rewritten.forward, rewritten.backward
+        return forward, rewritten.backward
 
     def retract(self, mark: int) -> None:
         """Forget the plans made since ``len(self.plans)`` was ``mark``: their
@@ -284,7 +286,7 @@ class Planner:
         that rewrites it by a Decision and simulates the result."""
         static = set(static_indices or ()) | set(range(self.num_lifted_params))
         with clock.phase("profile"):
-            joint = deduplicated(joint)
+            joint = prepared_joint(joint, self.options.compiler)
             profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
                                           static_input_indices=static)
         with clock.phase("tag"):
@@ -369,7 +371,16 @@ class FrontierPlanner(Planner):
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))
         self.plans.append(optimal_plan)
         progress.finished(optimal_plan)
-        return rewritten.forward, rewritten.backward
+        return joined_host_dropouts(rewritten.forward), rewritten.backward
+
+
+def prepared_joint(joint: fx.GraphModule, compiler: str) -> fx.GraphModule:
+    """The joint graph as planned (``joint`` is never edited): repeats merged
+    (passes/cse.py) and, but under Inductor (whose decompositions replace
+    dropout itself), each host dropout split into its mask and product
+    (passes/dropout.py)."""
+    joint = deduplicated(joint)
+    return joint if compiler == "inductor" else split_host_dropouts(joint)
 
 
 _OFFLOAD_POLICIES = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
