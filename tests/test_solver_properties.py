@@ -442,3 +442,24 @@ def test_repaired_plans_are_runnable_and_within_budget(seed, offload, over):
     if fixed is not None:
         assert problem.is_feasible(*fixed) == ""
         assert problem.peak(*fixed) <= budget
+
+
+@SETTINGS
+@given(seeds, offload, st.floats(min_value=0.0, max_value=1.0))
+def test_fill_keeps_plans_runnable_within_budget_and_never_costlier(seed, offload, position):
+    """The fill, several moves a round (``_batched``), from the plan that
+    recomputes everything it can: runnable, within the budget, and costing
+    no more than the plan it started from."""
+    from fxckpt.solve.fast import _objective_of, fill
+    problem = _problem(seed, offload)
+    saved, recomputed = _masks(problem, BASELINES["recompute_all"](problem))
+    start = (saved, recomputed, problem.tagged_offload(saved))
+    low = problem.peak(*start)
+    high = problem.peak(*_masks(problem, BASELINES["save_all"](problem)), problem.tagged_offload(
+        _masks(problem, BASELINES["save_all"](problem))[0]))
+    budget = low + position * max(high - low, 0.0)
+    plan = fill(problem, budget, *start)
+    assert problem.is_feasible(*plan) == ""
+    assert problem.peak(*plan) <= max(budget, low)
+    price = _objective_of(problem)
+    assert price(*plan) <= price(*start) + 1e-15

@@ -44,6 +44,8 @@ _FILL_CANDIDATES = 64
 _RELEASE_CANDIDATES = 16
 _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
+# Moves taken in one round of the fill, at most (``_batched``).
+_FILL_BATCH = 8
 # The exact programme's root and a short search cost seconds on graphs of
 # thousands of values (measured: 1 to 35 s on a 58-layer GPT's 5,314), for
 # a plan the rounding, cut and fill reach within 0.3% there at most budgets.
@@ -288,49 +290,82 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
     """Trade memory the budget leaves for time while it allows. Each round
     scores the most promising moves (save a recomputed value back, on the
     device or offloaded; keep an offloaded value on the device) by time saved
-    per byte of peak added, and takes the best that fits."""
+    per byte of peak added, and takes the best that fits, then the next
+    best saving moves with it while the plan still fits and costs less (at
+    most ``_FILL_BATCH`` a round: a model with a dropout per sublayer has
+    hundreds of small masks worth saving, one a round took every fill to
+    its last round)."""
     plan = (saved.copy(), recomputed.copy(), offloaded.copy())
     price = _objective_of(problem)
     objective = price(*plan)
     peak = problem.peak(*plan)
     for _ in range(_FILL_ROUNDS):
-        best = _best_move(problem, budget, price, objective, peak, _moves(problem, *plan))
-        if best is None:
+        ranked = _ranked_moves(problem, budget, price, objective, peak, _moves(problem, *plan))
+        if not ranked:
             # Only then the releasing moves (``_released``): there are as
             # many as ops with several outputs, and weighing them every
             # round took the 8-layer GPT's fills 1.7 times as long.
-            best = _best_move(problem, budget, price, objective, peak,
-                              _moves(problem, *plan, releasing=True))
-        if best is None:
+            ranked = _ranked_moves(problem, budget, price, objective, peak,
+                                   _moves(problem, *plan, releasing=True))
+        if not ranked:
             break
-        _, plan, peak = best
-        objective = price(*plan)
+        plan, peak, objective = _batched(problem, budget, price, ranked)
     return plan
 
 
-def _best_move(problem: Problem, budget: float, price, objective: float, peak: float, moves):
-    """(score, plan, peak) of the move saving the most time per byte of peak
-    added that fits the budget; None if none saves time."""
-    best = None
-    for trial in moves:
-        gain = objective - price(*trial)
+def _ranked_moves(problem: Problem, budget: float, price, objective: float, peak: float,
+                  moves) -> list:
+    """[(score, plan, peak, objective, members saved)] of the moves that save
+    time and fit the budget, best first: time saved per byte of peak added."""
+    ranked = []
+    for members, trial in moves:
+        trial_objective = price(*trial)
+        gain = objective - trial_objective
         if gain <= 0:
             continue
         trial_peak = problem.peak(*trial)
         if trial_peak > budget:
             continue
         score = gain / (max(trial_peak - peak, 0.0) + 1.0)
-        if best is None or score > best[0]:
-            best = (score, trial, trial_peak)
-    return best
+        ranked.append((score, len(ranked), trial, trial_peak, trial_objective, members))
+    ranked.sort(key=lambda r: (-r[0], r[1]))
+    return ranked
+
+
+def _batched(problem: Problem, budget: float, price, ranked: list):
+    """(plan, peak, objective) after the best move, and after each next best
+    saving move (up to ``_FILL_BATCH`` in all) that, taken with those before
+    it, still fits and costs less."""
+    _, _, plan, peak, objective, taken = ranked[0]
+    taken = set(taken)
+    batch = 1
+    for _, _, trial, _, _, members in ranked[1:]:
+        if batch >= _FILL_BATCH:
+            break
+        if not members or taken & set(members):
+            continue
+        saved = plan[0].copy()
+        saved[list(members)] = True
+        recomputed = computed_in_backward(problem, saved)
+        saved &= problem.needed | _read_by(problem, recomputed)
+        offloaded = (plan[2] | trial[2]) & saved
+        together = (saved, recomputed, offloaded)
+        together_peak = problem.peak(*together)
+        together_objective = price(*together)
+        if together_peak <= budget and together_objective < objective:
+            plan, peak, objective = together, together_peak, together_objective
+            taken |= set(members)
+            batch += 1
+    return plan, peak, objective
 
 
 def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
            offloaded: np.ndarray, *, releasing: bool = False):
-    """Plans one step from the given one that may cost less time: a
-    recomputed value saved back (on the device or offloaded), an offloaded
-    one kept on the device; or, ``releasing``, the recomputed readers of a
-    value that is not to be saved itself (``_released``)."""
+    """(values saved, plan) one step from the given plan that may cost less
+    time: a recomputed value saved back (on the device or offloaded), an
+    offloaded one kept on the device (no value saved); or, ``releasing``,
+    the recomputed readers of a value that is not to be saved itself
+    (``_released``)."""
     if releasing:
         candidates = _released(problem, recomputed)
     else:
@@ -346,17 +381,17 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
         trial &= problem.needed | _read_by(problem, trial_recomputed)
         kept = offloaded & trial
         if not problem.must_offload[list(members)].any():
-            yield trial, trial_recomputed, kept
+            yield members, (trial, trial_recomputed, kept)
         if len(members) == 1 and problem.can_offload[members[0]]:
             moved = kept.copy()
             moved[members[0]] = True
-            yield trial, trial_recomputed, moved
+            yield members, (trial, trial_recomputed, moved)
     if releasing:
         return
     for i in np.flatnonzero(offloaded & ~problem.must_offload)[:_FILL_CANDIDATES]:
         kept = offloaded.copy()
         kept[i] = False
-        yield saved, recomputed, kept
+        yield (), (saved, recomputed, kept)
 
 
 def _released(problem: Problem, recomputed: np.ndarray) -> list[tuple[int, tuple]]:
