@@ -194,3 +194,16 @@ def test_joining_gives_back_native_dropout_in_forward_only():
                 and n.args[0].target is aten.native_dropout.default]
     assert sorted(n.args[1] for n in getitems) == [0, 0, 0, 0, 1, 1, 1, 1]
     assert run_and_save_rng_state not in targets and run_with_rng_state not in targets
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_preparing_the_joint_graph_leaves_it_alone(compiler):
+    """The planner's own copy is split in place (pipeline.prepared_joint);
+    the graph AOTAutograd gave it never is."""
+    from fxckpt.planning.pipeline import prepared_joint
+    joint = _joint(*_deep())
+    before = [(n.name, n.target, n.args) for n in joint.graph.nodes]
+    prepared = prepared_joint(joint, compiler)
+    assert [(n.name, n.target, n.args) for n in joint.graph.nodes] == before
+    targets = [n.target for n in prepared.graph.nodes]
+    assert targets.count(DROPOUT_MASK) == (0 if compiler == "inductor" else 4)
