@@ -105,7 +105,9 @@ def _splittable(node: fx.Node) -> bool:
     x = node.args[0]
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     val = x.meta.get("val") if isinstance(x, fx.Node) else None
-    return (train is not False and isinstance(val, torch.Tensor) and val.device.type == "cpu"
+    # A probability Dynamo left symbolic is not split: the scale is a number.
+    return (train is not False and isinstance(node.args[1], (int, float))
+            and isinstance(val, torch.Tensor) and val.device.type == "cpu"
             and val.is_floating_point()
             and all(u.target is operator.getitem and u.args[1] in (0, 1) for u in node.users))
 
