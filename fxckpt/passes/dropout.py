@@ -142,12 +142,13 @@ def joined_host_dropouts(forward: fx.GraphModule) -> fx.GraphModule:
     Values, draws and peak are the split pair's: native_dropout holds the
     same tensor like its input while both outputs are made. ``forward``
     itself where nothing joins; never edited."""
-    if not any(_joinable(n) is not None for n in forward.graph.nodes):
+    found = [n.name for n in forward.graph.nodes if _joinable(n) is not None]
+    if not found:
         return forward
     work = copy_graph_module(forward)
-    graph = work.graph
-    for node in [n for n in graph.nodes if _joinable(n) is not None]:
-        _join(graph, node, _joinable(node))
+    by_name = {n.name: n for n in work.graph.nodes}
+    for name in found:
+        _join(work.graph, by_name[name], _joinable(by_name[name]))
     work.recompile()
     return work
 
