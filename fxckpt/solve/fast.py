@@ -309,14 +309,15 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
                                    _moves(problem, *plan, releasing=True))
         if not ranked:
             break
-        plan, peak, objective = _batched(problem, budget, price, ranked)
+        plan, peak, objective = _batched(problem, budget, price, ranked, plan[2])
     return plan
 
 
 def _ranked_moves(problem: Problem, budget: float, price, objective: float, peak: float,
                   moves) -> list:
-    """[(score, plan, peak, objective, members saved)] of the moves that save
-    time and fit the budget, best first: time saved per byte of peak added."""
+    """[(score, position, plan, peak, objective, members saved)] of the moves
+    that save time and fit the budget, best first: time saved per byte of
+    peak added (ties in the order weighed)."""
     ranked = []
     for members, trial in moves:
         trial_objective = price(*trial)
@@ -332,10 +333,12 @@ def _ranked_moves(problem: Problem, budget: float, price, objective: float, peak
     return ranked
 
 
-def _batched(problem: Problem, budget: float, price, ranked: list):
+def _batched(problem: Problem, budget: float, price, ranked: list, offloaded: np.ndarray):
     """(plan, peak, objective) after the best move, and after each next best
     saving move (up to ``_FILL_BATCH`` in all) that, taken with those before
-    it, still fits and costs less."""
+    it, still fits and costs less. ``offloaded``: the round's plan's, so that
+    a move adds only the offload it makes (a value the best move keeps on
+    the device stays there)."""
     _, _, plan, peak, objective, taken = ranked[0]
     taken = set(taken)
     batch = 1
@@ -348,8 +351,7 @@ def _batched(problem: Problem, budget: float, price, ranked: list):
         saved[list(members)] = True
         recomputed = computed_in_backward(problem, saved)
         saved &= problem.needed | _read_by(problem, recomputed)
-        offloaded = (plan[2] | trial[2]) & saved
-        together = (saved, recomputed, offloaded)
+        together = (saved, recomputed, (plan[2] | (trial[2] & ~offloaded)) & saved)
         together_peak = problem.peak(*together)
         together_objective = price(*together)
         if together_peak <= budget and together_objective < objective:
