@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 import fxckpt
+from fxckpt.bench.measure import measure_peak_bytes
+from fxckpt.bench.ways import Step
 from torch.utils.checkpoint import CheckpointPolicy as P
 from fxckpt.passes.dropout import (APPLY_DROPOUT_MASK, DROPOUT_MASK, joined_host_dropouts,
                                    split_host_dropouts)
@@ -145,6 +147,16 @@ def test_a_recomputed_output_reads_the_saved_mask_and_keeps_no_state():
     be = fxckpt.backend(compiler="eager", budget=600_000)
     compiled = torch.compile(model, backend=be)
     assert_bitwise_equal(run_step(compiled, inputs, loss_fn, seed=3), eager)
+    # The whole step (loss in the graph) measures its predicted peak, within
+    # the budget.
+    torch._dynamo.reset()
+    model, inputs, loss_fn = _deep()
+    be = fxckpt.backend(compiler="eager", budget=600_000)
+    step = torch.compile(Step(model, loss_fn), backend=be)
+    step(*inputs).backward()                       # compile, allocate .grad once
+    model.zero_grad(set_to_none=True)
+    measured = measure_peak_bytes(lambda: step(*inputs).backward())
+    assert measured == be.plans[0].peak_bytes <= 600_000
     counter, plan = _counted(*_deep(), budget=600_000)
     recomputed = {e.op for e in plan.entries if e.action == "recomputed"}
     assert "fxckpt.apply_dropout_mask.default" in recomputed
