@@ -463,3 +463,31 @@ def test_fill_keeps_plans_runnable_within_budget_and_never_costlier(seed, offloa
     assert problem.peak(*plan) <= max(budget, low)
     price = _objective_of(problem)
     assert price(*plan) <= price(*start) + 1e-15
+
+
+@SETTINGS
+@given(seeds, offload, st.floats(min_value=0.0, max_value=1.0))
+@example(47, False, 0.3)
+def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, position):
+    """Whatever the cheapest candidate before the fill, the fast solver
+    fills the cut plan too and keeps the cheaper result: its plan costs no
+    more than the Lagrangian cut plan within the budget, filled. (Without
+    the exact programme's short search, which on graphs this small would
+    find the best plan whatever the fill did: large graphs run without it.)"""
+    from fxckpt.solve import fast
+    problem = _problem(seed, offload)
+    budgets = _budgets(problem)
+    budget = budgets[0] + position * (budgets[-1] - budgets[0])
+    try:
+        cut = fast._with_offload(problem, budget,
+                                 *fast._cut_plan(problem, budget, CutPlans()))
+    except Infeasible:
+        return
+    if problem.peak(*cut) > budget:
+        return
+    price = fast._objective_of(problem)
+    filled = fast.fill(problem, budget, *cut)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast, "_POLISH_MAX_VALUES", 0)
+        plan = solve_fast(problem, budget)
+    assert price(*plan) <= price(*filled) + 1e-15
