@@ -46,10 +46,6 @@ _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
 # Moves taken in one round of the fill, at most (``_batched``).
 _FILL_BATCH = 8
-# Distinct feasible candidates filled per solve, cheapest first (besides the
-# cut plan, always filled): fewer on large graphs, as each fill weighs
-# moves in proportion to the graph (8 up to 800 values, 2 from 3,200).
-_FILL_WORK = 6_400
 # The exact programme's root and a short search cost seconds on graphs of
 # thousands of values (measured: 1 to 35 s on a 58-layer GPT's 5,314), for
 # a plan the rounding, cut and fill reach within 0.3% there at most budgets.
@@ -86,15 +82,14 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
         raise Infeasible("no plan fits the budget under the memory model")
     price = _objective_of(problem)
     feasible.sort(key=lambda c: price(*c))
-    # The cheapest before the fill need not be the cheapest after it, so
-    # several are filled (compile suite's 8-layer GPT: rounded plans at
-    # 20.2 and 21.5 us filled to 14.64 us, where the cheapest one, the cut
-    # plan at 19.2 us, filled to 14.88). The cut plan always is: it saves by
-    # bytes, so the fill has more room to spend there (at 16.2 us it filled
-    # to 10.65 us, where the cheapest rounded plan, at 11.25 us, filled to
-    # 11.24). Thresholds and the cut often meet on one plan, filled once.
-    count = max(2, _FILL_WORK // max(problem.n, 1))
-    chosen = _distinct(feasible)[:count]
+    # The cheapest plan is filled, and so is the cut plan whatever its
+    # price: it saves by bytes, so the fill has more room to spend there
+    # (compile suite's 8-layer GPT: a cut plan at 16.2 us filled to
+    # 10.65 us, where the cheapest, a rounded plan at 11.25 us, filled to
+    # 11.24). They are often the same plan, filled once. (Filling up to
+    # eight rounded plans as well found one cheaper frontier plan there,
+    # 14.64 us against 14.88 us, and took its planning some 5% longer.)
+    chosen = feasible[:1]
     if cut is not None and problem.peak(*cut) <= budget:
         chosen.append(cut)
     filled = [fill(problem, budget, *c) for c in _distinct(chosen)]
