@@ -473,7 +473,8 @@ def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, pos
     fills the cut plan too and keeps the cheaper result: its plan costs no
     more than the Lagrangian cut plan within the budget, filled. (Without
     the exact programme's short search, which on graphs this small would
-    find the best plan whatever the fill did: large graphs run without it.)"""
+    find the best plan whatever the fill did: graphs of over
+    ``_POLISH_MAX_VALUES`` values plan without it.)"""
     from fxckpt.solve import fast
     problem = _problem(seed, offload)
     budgets = _budgets(problem)
