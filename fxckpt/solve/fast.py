@@ -53,6 +53,11 @@ _FILL_BATCH = 8
 # within 3% of the exact programme's at every budget (worst +2.6%; the
 # zoo's GPT: no budget costlier) now that the cut plan is always filled.
 _POLISH_MAX_VALUES = 100
+# The cut plan is filled besides the cheapest candidate on graphs of up to
+# this many values (``solve_fast``): a fill weighs moves in proportion to
+# the graph, and on a 58-layer GPT (5,139 values) filling the cut plan
+# instead of the next cheapest took planning 4% longer for the same plan.
+_CUT_FILL_MAX_VALUES = 3_200
 _POLISH_NODES = 200
 # A plan over the budget by at most _REPAIR_REACH is repaired (``repaired``)
 # when no candidate fits, in at most _REPAIR_ROUNDS rounds.
@@ -85,16 +90,19 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
         raise Infeasible("no plan fits the budget under the memory model")
     price = _objective_of(problem)
     feasible.sort(key=lambda c: price(*c))
-    # The cheapest plan is filled, and so is the cut plan whatever its
-    # price: it saves by bytes, so the fill has more room to spend there
-    # (compile suite's 8-layer GPT: a cut plan at 16.2 us filled to
-    # 10.65 us, where the cheapest, a rounded plan at 11.25 us, filled to
-    # 11.24). They are often the same plan, filled once. (Filling up to
-    # eight rounded plans as well found one cheaper frontier plan there,
-    # 14.64 us against 14.88 us, and took its planning some 5% longer.)
-    chosen = feasible[:1]
-    if cut is not None and problem.peak(*cut) <= budget:
-        chosen.append(cut)
+    # Two plans are filled: the cheapest, and on graphs up to
+    # _CUT_FILL_MAX_VALUES values the cut plan whatever its price (it saves
+    # by bytes, so the fill has more room to spend there: on the compile
+    # suite's 8-layer GPT a cut plan at 16.2 us filled to 10.65 us, where
+    # the cheapest, a rounded plan at 11.25 us, filled to 11.24), beyond
+    # that the next cheapest. They are often the same plan, filled once.
+    # (Filling up to eight rounded plans as well found one cheaper frontier
+    # plan on that GPT, 14.64 us against 14.88 us, and took its planning
+    # some 5% longer.)
+    if cut is not None and problem.n <= _CUT_FILL_MAX_VALUES and problem.peak(*cut) <= budget:
+        chosen = [feasible[0], cut]
+    else:
+        chosen = feasible[:2]
     filled = [fill(problem, budget, *c) for c in _distinct(chosen)]
     return min(filled, key=lambda c: (price(*c), problem.peak(*c)))
 
