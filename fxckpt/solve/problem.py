@@ -25,7 +25,8 @@ before this was modelled, the ILP's plans for targets from 165 KB down to
 peak step).
 
 ``base`` is what is live at the stage whatever the plan (backward's own
-temporaries and gradients, forward values in flight).
+temporaries and gradients, forward values in flight). solve/stages.py picks
+the stages and makes these rows.
 
 Offload, a third way to give backward a value: a value tagged *_CPU_OFFLOAD
 may be saved in host memory (``offloaded``, a subset of ``saved``). It is
@@ -48,12 +49,12 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 from torch.utils.checkpoint import CheckpointPolicy
 
-from fxckpt.types import BACKWARD, FORWARD, Decision, Origin, Profile, Tag, point
+from fxckpt.types import Decision, Origin, Profile, Tag
 from fxckpt.solve.common import run_in_forward
 from fxckpt.solve.refill import refilled
 from fxckpt.solve.remat_classes import RematClasses, remat_classes
+from fxckpt.solve.stages import Lifetimes, stage_model
 
-MAX_STAGES = 64
 _P = CheckpointPolicy
 _MUST_KEEP = (_P.MUST_SAVE, _P.MUST_CPU_OFFLOAD)
 _PREFER_KEEP = (_P.PREFER_SAVE, _P.PREFER_CPU_OFFLOAD)
@@ -88,7 +89,7 @@ class Problem:
     stage_recomputed: np.ndarray      # (stages, n): 1 where recomputing i adds size_i
     stage_base: np.ndarray            # (stages,)
     stage_names: tuple[str, ...] = field(default=())
-    lifetimes: "Lifetimes | None" = field(default=None, repr=False)
+    lifetimes: Lifetimes | None = field(default=None, repr=False)
     # Pointwise, not random, and read only by pointwise ops (forward and
     # backward): no reader needs it materialised. None: not known (all False).
     unmaterialized: np.ndarray | None = field(default=None, repr=False)
@@ -380,7 +381,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                          "device-host bandwidth that prices it")
     transfer = 2.0 * size / bandwidth if can_offload.any() else np.zeros(n)
     needed = np.array([name in profile.needed_by_backward for name in names])
-    stages = _stage_model(profile, names, index, size)
+    stages = stage_model(profile, names, index, size)
     # Until a plan says otherwise, guess that values a default tag would
     # recompute (views, pointwise) are the ones recomputed chains run through.
     stages["through"] = hint_recompute | ~can_save
@@ -433,176 +434,3 @@ def _override(problem: Problem, i: int, recomputed: bool) -> str:
             + ("PREFER_SAVE overridden, recomputed" if recomputed
                else "PREFER_RECOMPUTE overridden, saved")
             + " to meet the budget")
-
-
-def _stage_model(profile: Profile, names, index, size) -> dict:
-    """Stages and the 0/1 matrices of the memory proxy (see module doc)."""
-    nodes = list(profile.nodes.values())
-    n = len(names)
-    fwd_pos = {name: t for t, name in enumerate(names)}
-    backward = [node for node in nodes if node.phase == BACKWARD]
-    bwd_pos = {node.name: k for k, node in enumerate(backward)}
-    last_fwd = np.arange(n)
-    first_bwd = np.full(n, len(backward))
-    last_bwd = np.full(n, -1)
-    # A forward-side node the forward outputs do not need (a transpose or
-    # detach AOTAutograd makes for backward, placed after the loss) runs in
-    # forward only if saved: its reads do not hold its inputs through forward.
-    runs_in_forward = run_in_forward(profile, frozenset())
-    reads: list[list[int]] = [[] for _ in range(n)]
-    for node in nodes:
-        for parent in node.inputs:
-            if parent not in index:
-                continue
-            i = index[parent]
-            if node.phase == BACKWARD:
-                reads[i].append(bwd_pos[node.name])
-                first_bwd[i] = min(first_bwd[i], bwd_pos[node.name])
-                last_bwd[i] = max(last_bwd[i], bwd_pos[node.name])
-            elif node.name in runs_in_forward:
-                last_fwd[i] = max(last_fwd[i], fwd_pos[node.name])
-    outputs = {index[o] for o in profile.forward_outputs if o in index}
-    for i in outputs:
-        last_fwd[i] = n
-    # Memory is held per storage: a storage lives from its first alias to the
-    # last use of any alias (a view keeps its base alive).
-    owner = np.array([index.get(profile.nodes[name].storage, i) for i, name in enumerate(names)])
-    is_owner = owner == np.arange(n)
-    for i in range(n):
-        o = owner[i]
-        if names[i] in runs_in_forward:
-            last_fwd[o] = max(last_fwd[o], last_fwd[i])
-        last_bwd[o] = max(last_bwd[o], last_bwd[i])
-    last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
-    base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
-    base_fwd += np.array([profile.nodes[name].workspace for name in names], dtype=float)
-    base_bwd = _backward_base(profile, backward, bwd_pos)
-    held = sum(size[i] for i in outputs)
-    stages = _pick_stages(base_fwd, base_bwd + held)
-    rows_saved, base, labels = [], [], []
-    for phase, t in stages:
-        if phase == "forward":
-            # A saved value holds its storage from the storage's creation
-            # (a saved view made late keeps its base alive from the start).
-            rows_saved.append((owner <= t) & (last_fwd < t))
-            base.append(base_fwd[t])
-            labels.append(point(FORWARD, names[t]))
-        else:
-            rows_saved.append(last_bwd >= t)
-            base.append(base_bwd[t] + held)
-            labels.append(f"backward:{backward[t].name}")
-    shape = (len(stages), n)
-    backward_stages = np.array([t if phase == "backward" else -1 for phase, t in stages])
-    return dict(
-        stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
-        stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
-        lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
-                            tuple(np.unique(np.array(r, dtype=np.int64)) for r in reads),
-                            steps=len(backward)))
-
-
-@dataclass(frozen=True)
-class Lifetimes:
-    """When recomputed storages live in backward, given which values chains
-    of recomputation run through."""
-
-    first_bwd: np.ndarray        # first backward step reading each value (n_bwd if none)
-    owner: np.ndarray            # index of the value owning each value's storage
-    is_owner: np.ndarray
-    last_bwd: np.ndarray         # last backward step reading the storage (-1 if none)
-    stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
-    reads: tuple = ()            # backward steps reading each value directly, ascending
-    steps: int = 0               # backward's steps
-
-    def first_need(self, parents, through: np.ndarray) -> np.ndarray:
-        """The backward step at which each value is first needed: read by
-        backward, or (a value recomputed only to feed another recompute) when
-        the first of its readers in ``through`` is needed."""
-        first_need = self.first_bwd.copy()
-        for i in range(len(first_need) - 1, -1, -1):
-            if through[i]:
-                for j in parents[i]:
-                    first_need[j] = min(first_need[j], first_need[i])
-        return first_need
-
-    def rows(self, parents, through: np.ndarray, stage_saved: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-        """(stage_recomputed, stage_saved) given which values recompute
-        chains run through; ``stage_saved``'s forward rows are kept."""
-        first_need = self.first_need(parents, through)
-        return (self._recompute_rows(first_need.copy()),
-                self._saved_rows(first_need, parents, through, stage_saved))
-
-    def _recompute_rows(self, first_need: np.ndarray) -> np.ndarray:
-        n = len(self.first_bwd)
-        for i in range(n):
-            o = self.owner[i]
-            first_need[o] = min(first_need[o], first_need[i])
-        first_need = first_need[self.owner]
-        end = np.maximum(self.last_bwd, first_need)
-        rows = [(self.is_owner & (first_need <= t) & (end >= t)) if t >= 0
-                else np.zeros(n, dtype=bool) for t in self.stages]
-        return np.array(rows, dtype=float).reshape(len(self.stages), n)
-
-    def _saved_rows(self, first_need: np.ndarray, parents, through: np.ndarray,
-                    rows: np.ndarray) -> np.ndarray:
-        """``rows`` with backward stages where a saved value is held until
-        the last recompute in ``through`` that reads it is made (at that
-        recompute's first need), where that is after backward's last direct
-        read of its storage."""
-        n = len(self.first_bwd)
-        read_by_copy = np.full(n, -1)
-        for i in range(n):
-            if through[i] and first_need[i] < self.steps:
-                for j in parents[i]:
-                    read_by_copy[j] = max(read_by_copy[j], first_need[i])
-        held = np.full(n, -1)
-        np.maximum.at(held, self.owner, read_by_copy)
-        end = np.maximum(self.last_bwd, held[self.owner])
-        extended = rows.copy()
-        for k, t in enumerate(self.stages):
-            if t >= 0:
-                extended[k] = end >= t
-        return extended
-
-
-def _backward_base(profile: Profile, backward, bwd_pos) -> np.ndarray:
-    """Bytes backward's own storages hold at each backward step; a storage
-    nothing reads afterwards (a gradient) is kept to the end."""
-    end = len(backward)
-    last_read: dict[str, int] = {}
-    for k, node in enumerate(backward):
-        for parent in node.inputs:
-            if parent in bwd_pos:
-                owner = profile.nodes[parent].storage
-                last_read[owner] = max(last_read.get(owner, -1), k)
-    for name in profile.backward_outputs:       # gradients outlive the graph
-        last_read[profile.nodes[name].storage] = end
-    intervals = [(k, last_read.get(node.name, end), float(node.bytes))
-                 for k, node in enumerate(backward) if node.storage == node.name]
-    scratch = np.array([float(node.workspace) for node in backward])
-    return _live_curve(end, intervals) + scratch
-
-
-def _live_curve(length: int, intervals) -> np.ndarray:
-    """Bytes live at each position given (start, end, bytes) intervals."""
-    delta = np.zeros(length + 2)
-    for start, end, nbytes in intervals:
-        delta[start] += nbytes
-        delta[min(end, length) + 1] -= nbytes
-    return np.cumsum(delta)[:length]
-
-
-def _pick_stages(base_fwd: np.ndarray, base_bwd: np.ndarray) -> list[tuple[str, int]]:
-    """A bounded set of stages: the end of forward, the start of backward, the
-    heaviest stages of each phase and evenly spaced ones between them."""
-    stages: set[tuple[str, int]] = set()
-    for phase, curve in (("forward", base_fwd), ("backward", base_bwd)):
-        if not len(curve):
-            continue
-        budget = MAX_STAGES // 2
-        stages.update((phase, int(t)) for t in np.argsort(-curve)[: budget // 2])
-        stages.update((phase, int(t)) for t in np.linspace(0, len(curve) - 1,
-                                                           budget // 2).astype(int))
-        stages.add((phase, len(curve) - 1 if phase == "forward" else 0))
-    return sorted(stages)
