@@ -4,18 +4,23 @@ A stage is a moment of the step (a forward or a backward node); at each, the
 proxy counts what is live whatever the plan (``stage_base``: backward's own
 temporaries and gradients, forward values in flight) and, per forward value,
 whether saving it (``stage_saved``) or recomputing it (``stage_recomputed``)
-adds its bytes there. At most ``MAX_STAGES``: the end of forward, the start
-of backward, the heaviest moments of each phase and evenly spaced ones
-between (solve/problem.py's docstring gives the model's formulas).
+adds its bytes there. A bounded set: the end of forward, the start of
+backward, and in each phase ``MAX_STAGES // 4`` of its heaviest moments and
+as many evenly spaced ones (in backward, the heaviest by each of two
+weightings: at most ``5 * MAX_STAGES // 4 + 2`` stages in all).
+solve/problem.py's docstring gives the model's formulas.
 
-"Heaviest" in backward counts, besides the base, the forward values a plan
-saving everything would still hold there. Backward frees forward's values
-as it runs, so by the base alone the heaviest stages are late ones, while
-plans peak early: on the compile suite's 8-layer GPT, two plans of equal
-cost peaked in the exact model at 1,951,496 and 1,968,392 B at ``mm_4``,
-early in backward, where the proxy, with no stage there, read 1,825,036 B
-for both (at the start of backward). With this weighting it reads
-1,952,004 and 1,968,900 B, at ``mm_4``, from as many stages.
+In backward, "heaviest" is taken twice: by the base, and by the base plus
+the forward values a plan saving everything still holds there. Backward
+frees forward's values as it runs, so by the base alone the heaviest
+stages are late ones, while most plans peak early: on the compile suite's
+8-layer GPT, two plans of equal cost peaked in the exact model at
+1,951,496 and 1,968,392 B at ``mm_4``, early in backward, where the proxy,
+with no stage there, read 1,825,036 B for both (at the start of backward);
+with both it reads 1,952,004 and 1,968,900 B, at ``mm_4``. Plans that
+recompute most peak late, where the base is heavy: picked by the second
+weighting alone, gpt_neox's floor under Inductor rose from 2,458,400 B to
+2,999,616 B.
 
 ``Lifetimes`` makes the recompute rows from which values recomputed chains
 run through, so that Problem.refined can redo them as plans show where the
@@ -80,11 +85,11 @@ def stage_model(profile: Profile, names, index, size) -> dict:
     base_fwd += np.array([profile.nodes[name].workspace for name in names], dtype=float)
     base_bwd = _backward_base(profile, backward, bwd_pos)
     held = sum(size[i] for i in outputs)
-    # Backward's stages are picked by the base plus what saving everything
-    # would hold there (module docstring).
+    # Backward's stages are picked by the base, and by the base plus what
+    # saving everything would hold there (module docstring).
     saved_all = _live_curve(len(backward), [(0, int(last_bwd[i]), size[i]) for i in range(n)
                                              if is_owner[i] and last_bwd[i] >= 0])
-    stages = _pick_stages(base_fwd, base_bwd + held + saved_all)
+    stages = _pick_stages(base_fwd, base_bwd + held, base_bwd + held + saved_all)
     rows_saved, base, labels = [], [], []
     for phase, t in stages:
         if phase == "forward":
@@ -199,16 +204,21 @@ def _live_curve(length: int, intervals) -> np.ndarray:
     return np.cumsum(delta)[:length]
 
 
-def _pick_stages(base_fwd: np.ndarray, base_bwd: np.ndarray) -> list[tuple[str, int]]:
+def _pick_stages(base_fwd: np.ndarray, base_bwd: np.ndarray,
+                 saving_bwd: np.ndarray) -> list[tuple[str, int]]:
     """A bounded set of stages: the end of forward, the start of backward, the
-    heaviest stages of each phase and evenly spaced ones between them."""
+    heaviest stages of each phase and evenly spaced ones between them; in
+    backward, the heaviest both by the base and by ``saving_bwd`` (the base
+    plus what saving everything holds)."""
     stages: set[tuple[str, int]] = set()
-    for phase, curve in (("forward", base_fwd), ("backward", base_bwd)):
-        if not len(curve):
+    budget = MAX_STAGES // 2
+    for phase, curves in (("forward", (base_fwd,)), ("backward", (base_bwd, saving_bwd))):
+        length = len(curves[0])
+        if not length:
             continue
-        budget = MAX_STAGES // 2
-        stages.update((phase, int(t)) for t in np.argsort(-curve)[: budget // 2])
-        stages.update((phase, int(t)) for t in np.linspace(0, len(curve) - 1,
+        for curve in curves:
+            stages.update((phase, int(t)) for t in np.argsort(-curve)[: budget // 2])
+        stages.update((phase, int(t)) for t in np.linspace(0, length - 1,
                                                            budget // 2).astype(int))
-        stages.add((phase, len(curve) - 1 if phase == "forward" else 0))
+        stages.add((phase, length - 1 if phase == "forward" else 0))
     return sorted(stages)
