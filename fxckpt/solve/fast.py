@@ -53,12 +53,12 @@ _FILL_BATCH = 8
 # within 3% of the exact programme's at every budget (worst +2.6%; the
 # zoo's GPT: no budget costlier) now that the cut plan is always filled.
 _POLISH_MAX_VALUES = 100
+_POLISH_NODES = 200
 # The cut plan is filled besides the cheapest candidate on graphs of up to
 # this many values (``solve_fast``): a fill weighs moves in proportion to
 # the graph, and on a 58-layer GPT (5,139 values) filling the cut plan
 # instead of the next cheapest took planning 4% longer for the same plan.
 _CUT_FILL_MAX_VALUES = 3_200
-_POLISH_NODES = 200
 # A plan over the budget by at most _REPAIR_REACH is repaired (``repaired``)
 # when no candidate fits, in at most _REPAIR_ROUNDS rounds.
 _REPAIR_REACH = 0.02
@@ -99,7 +99,7 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
     # (Filling up to eight rounded plans as well found one cheaper frontier
     # plan on that GPT, 14.64 us against 14.88 us, and took its planning
     # some 5% longer.)
-    if cut is not None and problem.n <= _CUT_FILL_MAX_VALUES and problem.peak(*cut) <= budget:
+    if problem.n <= _CUT_FILL_MAX_VALUES and any(c is cut for c in feasible):
         chosen = [feasible[0], cut]
     else:
         chosen = feasible[:2]
