@@ -57,3 +57,34 @@ def test_fxckpt_rows_plan_what_the_slow_way_plans(quick):
         for process in ("first", "second"):
             assert row[process][way]["fingerprints"] == [slow.fingerprint], (way, process)
             assert row[process][way]["peak_bytes"] == [slow.peak_bytes]
+
+
+def _fake_run(seconds: float) -> dict:
+    return {"seconds": seconds, "wall_seconds": seconds, "planning_seconds": seconds / 4,
+            "fingerprints": [f"{seconds}"], "peak_bytes": [1]}
+
+
+def test_rounds_rotate_the_ways_and_report_the_median_round(monkeypatch):
+    """With repeat=3 each round runs every way, in an order rotated by one;
+    a way's figures are its median round's, the ratio in the table the
+    median of the ratios within each round."""
+    order, seconds = [], {"fxckpt_budget": [3.0, 9.0, 4.0], "fxckpt_default": [1.0] * 3,
+                          "torch_budget": [2.0] * 3, "torch_default": [2.0, 3.0, 4.0]}
+
+    def first_and_second(way, n_layer, compiler, budget, threads):
+        order.append(way)
+        value = seconds[way][sum(w == way for w in order) - 1]
+        return _fake_run(value), _fake_run(value / 2)
+
+    monkeypatch.setattr(bench_compile, "_first_and_second", first_and_second)
+    row = bench_compile.run_row_processes(4, "aot_eager", 0.5, repeat=3)
+    ways = list(bench_compile.WAYS)
+    assert order == ways + ways[1:] + ways[:1] + ways[2:] + ways[:2]
+    assert row["first"]["fxckpt_budget"]["seconds"] == 4.0
+    assert row["second"]["torch_default"]["seconds"] == 1.5
+    assert bench_compile.round_ratios(row, "fxckpt_budget", "torch_default") == [1.5, 3.0, 1.0]
+    markdown = bench_compile.compile_markdown({"budget": 0.5, "repeat": 3, "rows": [row]})
+    line = next(text for text in markdown.splitlines() if text.startswith("| 4 |"))
+    # Median of 1.5, 3.0, 1.0 within rounds; not 4.0 / 3.0 of the medians.
+    assert "| 1.50x |" in line and "1.50x, 3.00x, 1.00x |" in line
+    assert "3 rounds" in markdown

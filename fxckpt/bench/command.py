@@ -98,7 +98,8 @@ def _run_compile(args: argparse.Namespace, command: str) -> int:
     if args.quick and args.inductor is None:
         compilers = ("aot_eager",)
     result = bench_compile.run_compile(layers=layers, compilers=compilers,
-                                       threads=args.threads, progress=Progress(sys.stderr))
+                                       threads=args.threads, repeat=args.repeat or 1,
+                                       progress=Progress(sys.stderr))
     result.update(command=command, machine=machine(args.threads))
     return _write_suite(args.out, "compile", result, bench_compile.compile_markdown(result))
 

@@ -94,31 +94,61 @@ def _measure_way(way: str, n_layer: int, compiler: str, budget: float,
         return _time_way(way, n_layer, compiler, budget)
 
 
-def run_row_processes(n_layer: int, compiler: str, budget: float, threads: int = 1) -> dict:
+def run_row_processes(n_layer: int, compiler: str, budget: float, threads: int = 1,
+                      repeat: int = 1) -> dict:
     """The row: each way in a first process (an empty cache directory of its
-    own) and a second one (the directory the first left)."""
-    first, second = {}, {}
-    for way in WAYS:
-        with tempfile.TemporaryDirectory(prefix="fxckpt-compile-bench-") as cache:
-            # One compile thread: Inductor then builds kernels from this
-            # process (its C++ compiler a child it waits for, counted),
-            # not in a pool of workers whose CPU time the way would not see.
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache,
-                       TORCHINDUCTOR_COMPILE_THREADS="1")
-            args = [sys.executable, "-m", "fxckpt.bench.compile", way, str(n_layer), compiler,
-                    repr(budget), str(threads)]
-            for runs in (first, second):
-                done = subprocess.run(args, env=env, capture_output=True, text=True,
-                                      check=False)
-                if done.returncode != 0:
-                    raise RuntimeError(f"compile bench row {n_layer} x {compiler}, {way}, "
-                                       "failed:\n" + done.stderr[-4000:])
-                runs[way] = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"layers": n_layer, "compiler": compiler, "first": first, "second": second}
+    own) and a second one (the directory the first left). ``repeat``: that
+    many rounds, each with fresh cache directories and the ways in an order
+    rotated by one (no way always runs first, or after the same other way);
+    a way's figures are those of its median round, and ``rounds`` keeps
+    every round's seconds, so that ratios can be taken within a round,
+    between processes run minutes apart at most."""
+    rounds = []
+    for index in range(repeat):
+        first, second = {}, {}
+        for way in WAYS[index % len(WAYS):] + WAYS[:index % len(WAYS)]:
+            first[way], second[way] = _first_and_second(way, n_layer, compiler, budget,
+                                                        threads)
+        rounds.append((first, second))
+    return {"layers": n_layer, "compiler": compiler,
+            "first": {w: _median_run([r[0][w] for r in rounds]) for w in WAYS},
+            "second": {w: _median_run([r[1][w] for r in rounds]) for w in WAYS},
+            "rounds": [{w: (r[0][w]["seconds"], r[1][w]["seconds"]) for w in WAYS}
+                       for r in rounds]}
+
+
+def _first_and_second(way: str, n_layer: int, compiler: str, budget: float,
+                      threads: int) -> tuple[dict, dict]:
+    with tempfile.TemporaryDirectory(prefix="fxckpt-compile-bench-") as cache:
+        # One compile thread: Inductor then builds kernels from this
+        # process (its C++ compiler a child it waits for, counted),
+        # not in a pool of workers whose CPU time the way would not see.
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache,
+                   TORCHINDUCTOR_COMPILE_THREADS="1")
+        args = [sys.executable, "-m", "fxckpt.bench.compile", way, str(n_layer), compiler,
+                repr(budget), str(threads)]
+        runs = []
+        for _ in range(2):
+            done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"compile bench row {n_layer} x {compiler}, {way}, "
+                                   "failed:\n" + done.stderr[-4000:])
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs[0], runs[1]
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median seconds (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
+
+
+def round_ratios(row: dict, way: str, over: str) -> list[float]:
+    """``way``'s first-process seconds over ``over``'s, within each round."""
+    return [r[way][0] / r[over][0] for r in row.get("rounds", ())]
 
 
 def run_compile(*, layers=LAYERS, compilers=COMPILERS, budget: float = 0.5,
-                threads: int = 1, progress=None) -> dict:
+                threads: int = 1, repeat: int = 1, progress=None) -> dict:
     rows = []
     if progress is not None:
         progress.start("compile", len(layers) * len(compilers))
@@ -126,38 +156,58 @@ def run_compile(*, layers=LAYERS, compilers=COMPILERS, budget: float = 0.5,
         for compiler in compilers:
             label = f"compile: GPT {n_layer} layers, {compiler}"
             if progress is None:
-                rows.append(run_row_processes(n_layer, compiler, budget, threads))
+                rows.append(run_row_processes(n_layer, compiler, budget, threads, repeat))
                 continue
             with progress.row(label):
-                rows.append(run_row_processes(n_layer, compiler, budget, threads))
-    return {"budget": budget, "rows": rows}
+                rows.append(run_row_processes(n_layer, compiler, budget, threads, repeat))
+    return {"budget": budget, "repeat": repeat, "rows": rows}
 
 
 def compile_markdown(result: dict) -> str:
-    budget = result["budget"]
+    budget, repeat = result["budget"], result.get("repeat", 1)
     head = ("| layers | compiler | torch default s | torch budget s | fxckpt default s | "
             "fxckpt budget s | fxckpt budget / torch default | fxckpt budget / torch budget | "
             "fxckpt planning s (default / budget) | second process s (torch default, torch "
             "budget, fxckpt default, fxckpt budget) | second / first, fxckpt budget |")
-    lines = [head, "|" + "---|" * 11]
+    columns = 11
+    if repeat > 1:
+        head += " fxckpt budget / torch default, each round |"
+        columns += 1
+    lines = [head, "|" + "---|" * columns]
     for row in result["rows"]:
         first, second = row["first"], row["second"]
         s = {w: first[w]["seconds"] for w in WAYS}
         again = ", ".join(f"{second[w]['seconds']:.2f}" for w in reversed(WAYS))
-        lines.append(
-            f"| {row['layers']} | {row['compiler']} | {s['torch_default']:.2f} | "
-            f"{s['torch_budget']:.2f} | {s['fxckpt_default']:.2f} | {s['fxckpt_budget']:.2f} | "
-            f"{s['fxckpt_budget'] / s['torch_default']:.2f}x | "
-            f"{s['fxckpt_budget'] / s['torch_budget']:.2f}x | "
-            f"{first['fxckpt_default']['planning_seconds']:.2f} / "
-            f"{first['fxckpt_budget']['planning_seconds']:.2f} | {again} | "
-            f"{second['fxckpt_budget']['seconds'] / s['fxckpt_budget']:.2f}x |")
+        over_default = round_ratios(row, "fxckpt_budget", "torch_default")
+        over_budget = round_ratios(row, "fxckpt_budget", "torch_budget")
+        ratio_default = _median(over_default) if repeat > 1 else \
+            s["fxckpt_budget"] / s["torch_default"]
+        ratio_budget = _median(over_budget) if repeat > 1 else \
+            s["fxckpt_budget"] / s["torch_budget"]
+        line = (f"| {row['layers']} | {row['compiler']} | {s['torch_default']:.2f} | "
+                f"{s['torch_budget']:.2f} | {s['fxckpt_default']:.2f} | "
+                f"{s['fxckpt_budget']:.2f} | {ratio_default:.2f}x | {ratio_budget:.2f}x | "
+                f"{first['fxckpt_default']['planning_seconds']:.2f} / "
+                f"{first['fxckpt_budget']['planning_seconds']:.2f} | {again} | "
+                f"{second['fxckpt_budget']['seconds'] / s['fxckpt_budget']:.2f}x |")
+        if repeat > 1:
+            line += " " + ", ".join(f"{r:.2f}x" for r in over_default) + " |"
+        lines.append(line)
+    rounds = (f" Each way ran {repeat} rounds (the ways' order rotated each round); "
+              "seconds are a way's median round, ratios the median of the ratios "
+              "within each round.") if repeat > 1 else ""
     return (f"First-step CPU seconds (compile, forward, backward) of a process of the "
             f"way's own, with the C++ compiler runs it waited for; an empty cache "
             f"directory per way (second process: the directory its first left); one "
             f"torch thread, one Inductor compile thread; torch "
-            f"budget: activation_memory_budget={budget:g}; fxckpt budget: budget={budget:g}.\n\n"
-            + "\n".join(lines) + "\n")
+            f"budget: activation_memory_budget={budget:g}; fxckpt budget: budget={budget:g}."
+            + rounds + "\n\n" + "\n".join(lines) + "\n")
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _main(argv: list[str]) -> None:

@@ -74,7 +74,8 @@ def add_bench(subparsers) -> None:
                              "tiny models")
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed steps per row, median reported (default: 15, "
-                             "3 with --quick)")
+                             "3 with --quick); with --suite compile, rounds of every "
+                             "way's processes (default: 1)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads while measuring (default: 1)")
     parser.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=None,
