@@ -186,29 +186,42 @@ class ScheduleModel:
         pairs = {s.node for s in states}  # forward runs these as run_and_save_rng_state
         # Saved values backward does not read are dropped from both graphs
         # (the same whichever the order).
-        used, orders = self._backward(order, inputs, placeholders, outputs, pairs, self.orders)
+        used, kept, needed, elements = self._backward(order, inputs, placeholders, outputs,
+                                                      pairs)
         saved_used = [p for p in placeholders if p in used and p not in tangents]
         placeholders = saved_used + tangents
-        fwd, kept = self._forward(saved_used, pairs, forward_nodes)
+        fwd, fwd_kept = self._forward(saved_used, pairs, forward_nodes)
         walk = Walk()
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
         fwd_inputs = {i: self.nodes[i].inputs for i in fwd} if self.fused else {}  # _inlined's
-        self._run(primals + fwd, self.reads, self._refs(kept), walk, "forward", set(primals),
-                  pairs, self._inlined(fwd, fwd_inputs, kept, pairs))
+        self._run(primals + fwd, self.reads, self._refs(fwd_kept), walk, "forward",
+                  set(primals), pairs, self._inlined(fwd, fwd_inputs, fwd_kept, pairs))
         for p in placeholders:
             self._allocate(p, walk)
         held = walk.total
         best, sink = None, None
         outside = set(placeholders)
-        for (bwd, after), order in zip(orders, self.orders):
+        last = None  # the unsunk order's walked sequence and where it peaked
+        for order in self.orders:
+            grown = self._grown(kept, needed, pairs) if order else set()
+            if last is not None and _peaked_before(grown, *last):
+                # The sunk order runs the unsunk one's steps up to its first
+                # grown node, each freeing what it freed (the same steps
+                # follow, in another order): it peaks no lower. (Most plans:
+                # all 42 of the 8-layer compile-suite GPT's frontier.)
+                break
+            bwd, after = self._scheduled(kept, needed, inputs, placeholders, outputs, pairs,
+                                         elements, grown)
             walked = walk.copy()
             sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
             # Autograd holds the incoming gradients until backward returns.
-            self._run(sequence, reads, self._refs(outputs + tangents), walked, "backward",
-                      outside, set(), self._inlined(sequence, inputs, outputs, pairs, outside))
+            peaked = self._run(sequence, reads, self._refs(outputs + tangents), walked,
+                               "backward", outside, set(),
+                               self._inlined(sequence, inputs, outputs, pairs, outside))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
+            last = sequence, peaked
         return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink,
                              held_at_backward=held)
 
@@ -320,14 +333,12 @@ class ScheduleModel:
                 found.append((read[alias[1]][0], nbytes))
         return tuple(found)
 
-    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set,
-                  sinks: tuple = (False,)) -> tuple[set, list]:
+    def _backward(self, order, inputs, placeholders: list, outputs: list, pairs: set
+                  ) -> tuple[set, list, set, dict]:
         """The values backward reads (the placeholders among them are those
-        its extraction keeps), and per backward order in ``sinks``:
-        backward's nodes in the order the just-in-time schedule runs them
-        (a sink: growing nodes and their views wait for a user) and each
-        placeholder's elements taken out right after it. What the orders
-        share (which nodes backward keeps) is found once."""
+        its extraction keeps), and what each backward order (``_scheduled``)
+        is made from: the nodes backward keeps, in order; those it runs;
+        and each tuple's elements, taken out right after it."""
         valid, kept = set(placeholders), []
         kinds = self.kinds
         for key in order:
@@ -350,13 +361,15 @@ class ScheduleModel:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
-        return used, [self._scheduled(kept, needed, inputs, placeholders, outputs, pairs,
-                                      elements, sink) for sink in sinks]
+        return used, kept, needed, elements
 
     def _scheduled(self, kept: list, needed: set, inputs, placeholders: list, outputs: list,
-                   pairs: set, elements: dict, sink: bool):
-        """One backward order of ``_backward``."""
-        grown = self._grown(kept, needed, pairs) if sink else set()
+                   pairs: set, elements: dict, grown: set):
+        """One backward order of what ``_backward`` keeps: the sunk one where
+        ``grown`` (``_grown``) is not empty. Up to the first grown node the
+        two orders run the same steps: every choice before it is the
+        unsunk order's (inputs sorted grown-last only where one is among
+        them)."""
         emitted: set = set(placeholders)
         sequence: list = []
 
@@ -522,13 +535,14 @@ class ScheduleModel:
                 walk.total += nbytes
 
     def _run(self, sequence, reads, keep: set, walk: Walk, phase: str,
-             placeholders: set, pairs: set, inlined: set = frozenset()) -> None:
+             placeholders: set, pairs: set, inlined: set = frozenset()) -> int | None:
         """memory/model.py's walk of one graph (memory/walk.py, on arrays);
         ``reads``: each key's storages read (``_reads`` of its inputs; a key
         not in it reads none); ``pairs``: random nodes forward runs as
         run_and_save_rng_state, allocating their generator state;
         ``inlined``: keys never allocated (fused). The walk is most of a
-        plan's time."""
+        plan's time. Returns the step of ``sequence`` where the peak grew
+        to its new height (None: it did not grow)."""
         n = len(sequence)
         if not n:
             return
@@ -567,6 +581,13 @@ class ScheduleModel:
             size=self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)))
         if peaked is not None:
             walk.peak_at = f"{phase}:{self._name(sequence[peaked], pairs)}"
+        return peaked
+
+
+def _peaked_before(grown: set, sequence: list, peaked: int | None) -> bool:
+    """Whether a walk of ``sequence`` that peaked at its step ``peaked``
+    (None: before it) peaked before the first of ``grown`` in it."""
+    return peaked is None or grown.isdisjoint(sequence[:peaked + 1])
 
 
 def _pick(value, step: int, copies: dict, begins: dict):
