@@ -128,7 +128,8 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     made, held = storage_allocation(own, inputs)
     return ModelNode(
         name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
-        storages=own, workspace=workspace_bytes(node),
+        # The profile read the workspace already (the same graph).
+        storages=own, workspace=info.workspace if info is not None else workspace_bytes(node),
         aliases=_aliases(own, inputs, _schema_view_of(node)),
         counted=node_device in (device, ""),
         impure=kind == "op" and impure(node),
