@@ -422,6 +422,20 @@ def test_tensor_constant_is_covered():
     assert len(calls) == 1
 
 
+def peak_and_skips(model, decision: Decision):
+    """The model's timeline of ``decision``, and each answer of its check
+    whether the sunk order can be skipped (True: skipped)."""
+    answers = []
+    peaked_before = schedule._peaked_before
+
+    def spy(*args):
+        answers.append(peaked_before(*args))
+        return answers[-1]
+
+    with mock.patch.object(schedule, "_peaked_before", spy):
+        return model.peak(decision), answers
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32), again=st.booleans())
 def test_the_sunk_order_is_walked_unless_it_peaks_no_lower(seed, bits, again):
@@ -437,15 +451,7 @@ def test_the_sunk_order_is_walked_unless_it_peaks_no_lower(seed, bits, again):
         verify_decision(profile, tags, decision)
     except PlanError:
         assume(False)
-    skipped = []
-
-    def spy(*args):
-        skipped.append(peaked_before(*args))
-        return skipped[-1]
-
-    peaked_before = schedule._peaked_before
-    with mock.patch.object(schedule, "_peaked_before", spy):
-        estimated = model.peak(decision)
+    estimated, skipped = peak_and_skips(model, decision)
     assume(estimated is not None and skipped == [True])
     unsunk, *sunk = rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
                                    orders=(False, True))
@@ -462,16 +468,7 @@ def test_the_compile_gpt_walks_one_backward_order():
     joint, profile, tags, num_fwd_outputs, _ = analysed(-1)
     model = sinking_model(-1)
     problem = problem_for(profile, tags, Options.create(compiler="eager"))
-    calls = []
-
-    def spy(*args):
-        calls.append(peaked_before(*args))
-        return calls[-1]
-
-    peaked_before = schedule._peaked_before
-    with mock.patch.object(schedule, "_peaked_before", spy):
-        model.peak(runtime_optimal(problem))
-    assert calls == [True]
+    assert peak_and_skips(model, runtime_optimal(problem))[1] == [True]
 
 
 def test_the_sunk_order_is_walked_where_it_peaks_lower():
