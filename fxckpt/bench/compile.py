@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -178,12 +179,12 @@ def compile_markdown(result: dict) -> str:
         first, second = row["first"], row["second"]
         s = {w: first[w]["seconds"] for w in WAYS}
         again = ", ".join(f"{second[w]['seconds']:.2f}" for w in reversed(WAYS))
-        over_default = round_ratios(row, "fxckpt_budget", "torch_default")
-        over_budget = round_ratios(row, "fxckpt_budget", "torch_budget")
-        ratio_default = _median(over_default) if repeat > 1 else \
-            s["fxckpt_budget"] / s["torch_default"]
-        ratio_budget = _median(over_budget) if repeat > 1 else \
-            s["fxckpt_budget"] / s["torch_budget"]
+        # A row read from a result written before rounds were kept: its one run.
+        over_default = round_ratios(row, "fxckpt_budget", "torch_default") \
+            or [s["fxckpt_budget"] / s["torch_default"]]
+        ratio_default = statistics.median(over_default)
+        ratio_budget = statistics.median(round_ratios(row, "fxckpt_budget", "torch_budget")
+                                         or [s["fxckpt_budget"] / s["torch_budget"]])
         line = (f"| {row['layers']} | {row['compiler']} | {s['torch_default']:.2f} | "
                 f"{s['torch_budget']:.2f} | {s['fxckpt_default']:.2f} | "
                 f"{s['fxckpt_budget']:.2f} | {ratio_default:.2f}x | {ratio_budget:.2f}x | "
@@ -202,12 +203,6 @@ def compile_markdown(result: dict) -> str:
             f"torch thread, one Inductor compile thread; torch "
             f"budget: activation_memory_budget={budget:g}; fxckpt budget: budget={budget:g}."
             + rounds + "\n\n" + "\n".join(lines) + "\n")
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _main(argv: list[str]) -> None:
