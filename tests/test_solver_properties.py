@@ -492,3 +492,40 @@ def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, pos
         patch.setattr(fast, "_POLISH_MAX_VALUES", 0)
         plan = solve_fast(problem, budget)
     assert price(*plan) <= price(*filled) + 1e-15
+
+
+@SETTINGS
+@given(seeds, offload, st.floats(min_value=0.0, max_value=1.0))
+@example(19, False, 0.1)
+@example(21, False, 0.5)
+def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, position):
+    """A rounded plan just over the budget and cheaper than every candidate
+    that fits is repaired and joins them: the fast solver's plan costs no
+    more than the cheapest such near miss, repaired (the two cheapest are
+    repaired, ``_REPAIR_MISSES``)."""
+    from fxckpt.solve import fast
+    problem = _problem(seed, offload)
+    budgets = _budgets(problem)
+    budget = budgets[0] + position * (budgets[-1] - budgets[0])
+    price = fast._objective_of(problem)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fast, "_POLISH_MAX_VALUES", 0)
+        try:
+            plan = solve_fast(problem, budget)
+        except Infeasible:
+            return
+        rounded = fast._rounded_plans(problem, budget)
+    try:
+        cut = fast._with_offload(problem, budget, *fast._cut_plan(problem, budget, CutPlans()))
+        fits = [c for c in rounded + [cut] if problem.peak(*c) <= budget]
+    except Infeasible:
+        fits = [c for c in rounded if problem.peak(*c) <= budget]
+    if not fits:
+        return
+    misses = sorted((c for c in rounded if problem.peak(*c) > budget
+                     and price(*c) < min(price(*f) for f in fits)), key=lambda c: price(*c))
+    if not misses:
+        return
+    fixed = fast.repaired(problem, budget, misses[0])
+    if fixed is not None:
+        assert price(*plan) <= price(*fixed) + 1e-15

@@ -63,6 +63,8 @@ _CUT_FILL_MAX_VALUES = 3_200
 # when no candidate fits, in at most _REPAIR_ROUNDS rounds.
 _REPAIR_REACH = 0.02
 _REPAIR_ROUNDS = 8
+# Near misses repaired besides the candidates that fit (``_repaired_misses``).
+_REPAIR_MISSES = 2
 
 
 def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
@@ -82,13 +84,11 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
         candidates.append(cut)
     except Infeasible:
         pass
+    price = _objective_of(problem)
     feasible = [c for c in candidates if problem.peak(*c) <= budget]
-    if not feasible and candidates:
-        fixed = repaired(problem, budget, min(candidates, key=lambda c: problem.peak(*c)))
-        feasible = [fixed] if fixed is not None else []
+    feasible += _repaired_misses(problem, budget, price, candidates, feasible)
     if not feasible:
         raise Infeasible("no plan fits the budget under the memory model")
-    price = _objective_of(problem)
     feasible.sort(key=lambda c: price(*c))
     # Two plans are filled: the cheapest, and on graphs up to
     # _CUT_FILL_MAX_VALUES values the cut plan whatever its price (it saves
@@ -105,6 +105,28 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
         chosen = feasible[:2]
     filled = [fill(problem, budget, *c) for c in _distinct(chosen)]
     return min(filled, key=lambda c: (price(*c), problem.peak(*c)))
+
+
+def _repaired_misses(problem: Problem, budget: float, price, candidates: list,
+                     feasible: list) -> list:
+    """Candidates just over the budget, repaired (``repaired``): where none
+    fits, the one that peaks lowest; else up to ``_REPAIR_MISSES`` cheaper
+    than every one that fits, cheapest first. A rounded plan a fraction of
+    a percent over the budget can be the better start: on the compile
+    suite's 4-layer GPT, rounded plans 0.25% over a target at 12.3-12.7 us
+    repaired and filled to 15.6 us, where the cut plan that fit filled to
+    19.4 us (the exact programme: 15.1 us)."""
+    if not feasible:
+        if not candidates:
+            return []
+        fixed = repaired(problem, budget, min(candidates, key=lambda c: problem.peak(*c)))
+        return [fixed] if fixed is not None else []
+    cheapest = min(price(*c) for c in feasible)
+    misses = [c for c in _distinct(candidates)
+              if price(*c) < cheapest and problem.peak(*c) > budget]
+    misses.sort(key=lambda c: price(*c))
+    fixed = (repaired(problem, budget, c) for c in misses[:_REPAIR_MISSES])
+    return [c for c in fixed if c is not None]
 
 
 def repaired(problem: Problem, budget: float, plan) -> tuple | None:
