@@ -488,3 +488,28 @@ def test_the_sunk_order_is_walked_where_it_peaks_lower():
                                             num_fwd_outputs=num_fwd_outputs))
     assert sunk < unsunk
     assert estimated.peak_bytes == sunk and estimated.sink_growing
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from([-1, 0, 1, 2, 3]), st.integers(0, 2**16), st.booleans())
+def test_a_backward_scheduled_in_place_is_the_one_scheduled_as_a_copy(seed, bits, again):
+    """The rewrite schedules its last backward order in the graph it
+    extracted and the others in copies: each order's backward code, and
+    the forward's, are the same whichever way it was made (asked alone: in
+    place; asked first of two: a copy)."""
+    joint, profile, tags, num_fwd_outputs, _ = analysed(seed)
+    decision = random_decision(profile, bits)
+    if again:
+        decision = with_random_again(profile, decision, bits)
+    try:
+        verify_decision(profile, tags, decision)
+    except PlanError:
+        assume(False)
+    for order in (False, True):
+        (alone,) = rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
+                                  orders=(order,))
+        first = rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
+                               orders=(order, not order))[0]
+        assert alone.backward.graph is not first.backward.graph
+        assert (alone.forward.code, alone.backward.code) == \
+            (first.forward.code, first.backward.code)

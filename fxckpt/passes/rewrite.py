@@ -54,7 +54,7 @@ def rewrite(joint: fx.GraphModule, profile: Profile, decision: Decision, *,
     """The graphs are lazy GraphModules: their Python code is generated when
     first run, so plans only simulated (the frontier's candidates) skip it.
     ``sink_growing``: backward nodes that grow memory wait for their users
-    (see _schedule_just_in_time); off where a compiler schedules the graph
+    (see _just_in_time_order); off where a compiler schedules the graph
     itself (Inductor)."""
     return rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
                           orders=(sink_growing,))[0]
@@ -92,13 +92,19 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
         rng_state_bytes={n.name: _storage_nbytes(n.meta.get("val")) for n in states},
         clones=clones, earlier=earlier)
     made, seen = [], []
-    for sink in orders:
-        scheduled = _schedule_just_in_time(extracted.graph, recomputed, sink_growing=sink)
-        order = [node.name for node in scheduled.nodes]
-        if order in seen:
+    for count, sink in enumerate(orders, 1):
+        # The extracted graph is this rewrite's own: the last order is
+        # scheduled in it, the others in copies.
+        order = _just_in_time_order(extracted.graph, recomputed, sink_growing=sink)
+        if [node.name for node in order] in seen:
             continue
-        seen.append(order)
-        backward = lazy_graph_module(extracted, scheduled)
+        seen.append([node.name for node in order])
+        if count < len(orders):
+            backward = lazy_graph_module(extracted, _copied_in_order(order))
+        else:
+            _reorder_in_place(extracted.graph, order)
+            extracted.recompile()
+            backward = extracted
         made.append(Rewritten(backward=backward, **shared))
     return made
 
@@ -292,11 +298,11 @@ def _point_backward_outputs_at_clones(graph, num_fwd: int, clone_of) -> None:
     output.args = pytree.tree_unflatten(flat, spec)
 
 
-def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
-                           sink_growing: bool = True) -> fx.Graph:
-    """Reorder so each recomputed node runs right before its first user, and
-    drop nodes nothing uses (a random op is dropped too: backward must not draw
-    numbers nobody reads).
+def _just_in_time_order(graph: fx.Graph, recomputed: set[str], *,
+                        sink_growing: bool = True) -> list[fx.Node]:
+    """The graph's nodes in the order to run them: each recomputed node right
+    before its first user, and nodes nothing uses left out (a random op is
+    left out too: backward must not draw numbers nobody reads).
 
     A backward node that allocates more than its inputs hold together (a
     matmul whose output is a sequence-by-sequence gradient) runs right
@@ -312,16 +318,17 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
     needed = _live_nodes(graph)
     grown = _grown(graph, recomputed) if sink_growing else set()
     lazy = set(recomputed) | grown
-    new_graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
+    placed: set[fx.Node] = set()
+    order: list[fx.Node] = []
 
     def emit(node: fx.Node) -> None:
-        if node in env:
+        if node in placed:
             return
         # A grown input last: it is not held while recomputes run.
         for arg in sorted(node.all_input_nodes, key=lambda a: a.name in grown):
             emit(arg)
-        env[node] = new_graph.node_copy(node, lambda a: env[a])
+        placed.add(node)
+        order.append(node)
         for user in node.users:
             if user.target is operator.getitem and user in needed:
                 emit(user)
@@ -329,9 +336,34 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed: set[str], *,
     for node in graph.nodes:
         if node.op == "placeholder" or (node in needed and node.name not in lazy):
             emit(node)
-    return new_graph
+    # An element reached again while its node was being placed (through
+    # the node's other elements) is listed twice: it runs where listed last.
+    last = {node: position for position, node in enumerate(order)}
+    return [node for position, node in enumerate(order) if last[node] == position]
 
 
+def _copied_in_order(order: list[fx.Node]) -> fx.Graph:
+    """A new graph of copies of ``order``'s nodes, in that order."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in order:
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    return graph
+
+
+def _reorder_in_place(graph: fx.Graph, order: list[fx.Node]) -> None:
+    """``graph`` holding ``order``'s nodes, in that order (the same nodes,
+    names and code as ``_copied_in_order``), its other nodes erased. On a
+    58-layer GPT's backward, 6,620 nodes neither copied nor left as garbage
+    for Python's cyclic collector."""
+    kept = set(order)
+    for node in reversed(graph.nodes):
+        if node not in kept:
+            graph.erase_node(node)
+    output = graph.output_node()
+    for node in order:
+        if node is not output:
+            output.prepend(node)
 def _grown(graph: fx.Graph, recomputed: set[str]) -> set[str]:
     """Names of the backward nodes that grow memory (memory.grows_memory),
     and of views of them (a view emitted early would hold its base): they
