@@ -501,8 +501,8 @@ def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, pos
 def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, position):
     """A rounded plan just over the budget and cheaper than every candidate
     that fits is repaired and joins them: the fast solver's plan costs no
-    more than the cheapest such near miss, repaired (the two cheapest are
-    repaired, ``_REPAIR_MISSES``)."""
+    more than the cheapest such near miss, repaired (``_REPAIR_MISSES``
+    of them are)."""
     from fxckpt.solve import fast
     problem = _problem(seed, offload)
     budgets = _budgets(problem)
@@ -529,3 +529,4 @@ def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, po
     fixed = fast.repaired(problem, budget, misses[0])
     if fixed is not None:
         assert price(*plan) <= price(*fixed) + 1e-15
+
