@@ -133,6 +133,19 @@ def with_random_again(profile, decision: Decision, draw_bits: int) -> Decision:
     return replace(decision, again=again)
 
 
+def drawn_plan(profile, tags, bits: int, again: bool) -> Decision:
+    """``random_decision`` (``again``: recomputing some values again), for
+    hypothesis tests: a draw the plan checks refuse is rejected."""
+    decision = random_decision(profile, bits)
+    if again:
+        decision = with_random_again(profile, decision, bits)
+    try:
+        verify_decision(profile, tags, decision)
+    except PlanError:
+        assume(False)
+    return decision
+
+
 @functools.lru_cache(maxsize=None)
 def fused_model(seed: int):
     """The model of ``analysed(seed)``'s graph simulated as Inductor's
@@ -156,14 +169,8 @@ def test_model_peak_is_memory_models_peak(seed, bits, again, sinks, fused):
         model = sinking_model(seed)
     if fused:
         model = fused_model(seed)
-    decision = random_decision(profile, bits)
-    if again:
-        decision = with_random_again(profile, decision, bits)
-        assume(decision.again)
-    try:
-        verify_decision(profile, tags, decision)
-    except PlanError:
-        assume(False)
+    decision = drawn_plan(profile, tags, bits, again)
+    assume(decision.again or not again)
     estimated = model.peak(decision)
     assume(estimated is not None)
     real = None
@@ -444,13 +451,7 @@ def test_the_sunk_order_is_walked_unless_it_peaks_no_lower(seed, bits, again):
     lower (the lower of the two is the plan's peak either way)."""
     joint, profile, tags, num_fwd_outputs, _ = analysed(seed)
     model = sinking_model(seed)
-    decision = random_decision(profile, bits)
-    if again:
-        decision = with_random_again(profile, decision, bits)
-    try:
-        verify_decision(profile, tags, decision)
-    except PlanError:
-        assume(False)
+    decision = drawn_plan(profile, tags, bits, again)
     estimated, skipped = peak_and_skips(model, decision)
     assume(estimated is not None and skipped == [True])
     unsunk, *sunk = rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
@@ -498,13 +499,7 @@ def test_a_backward_scheduled_in_place_is_the_one_scheduled_as_a_copy(seed, bits
     the forward's, are the same whichever way it was made (asked alone: in
     place; asked first of two: a copy)."""
     joint, profile, tags, num_fwd_outputs, _ = analysed(seed)
-    decision = random_decision(profile, bits)
-    if again:
-        decision = with_random_again(profile, decision, bits)
-    try:
-        verify_decision(profile, tags, decision)
-    except PlanError:
-        assume(False)
+    decision = drawn_plan(profile, tags, bits, again)
     for order in (False, True):
         (alone,) = rewrite_orders(joint, profile, decision, num_fwd_outputs=num_fwd_outputs,
                                   orders=(order,))
