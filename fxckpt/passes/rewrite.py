@@ -96,9 +96,10 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
         # The extracted graph is this rewrite's own: the last order is
         # scheduled in it, the others in copies.
         order = _just_in_time_order(extracted.graph, recomputed, sink_growing=sink)
-        if [node.name for node in order] in seen:
+        names = [node.name for node in order]
+        if names in seen:
             continue
-        seen.append([node.name for node in order])
+        seen.append(names)
         if count < len(orders):
             backward = lazy_graph_module(extracted, _copied_in_order(order))
         else:
@@ -364,6 +365,8 @@ def _reorder_in_place(graph: fx.Graph, order: list[fx.Node]) -> None:
     for node in order:
         if node is not output:
             output.prepend(node)
+
+
 def _grown(graph: fx.Graph, recomputed: set[str]) -> set[str]:
     """Names of the backward nodes that grow memory (memory.grows_memory),
     and of views of them (a view emitted early would hold its base): they
