@@ -207,16 +207,21 @@ _GPT_SIZES = {
                         n_embd=128), 4),
     "medium": (GPTConfig(vocab_size=2048, block_size=256, n_layer=8, n_head=8,
                          n_embd=256), 8),
+    # GPT-2 small's shape: for a GPU (about 15 GiB of activations saved).
+    "large": (GPTConfig(vocab_size=8192, block_size=1024, n_layer=12, n_head=12,
+                        n_embd=768), 8),
 }
 _CNN_SIZES = {  # widths, batch, image side
     "tiny": ((4, 8), 2, 8),
     "small": ((16, 32, 64), 8, 32),
     "medium": ((32, 64, 128, 256), 16, 64),
+    "large": ((64, 128, 256, 512), 64, 128),
 }
 _MLP_SIZES = {  # in_features, width, depth, batch
     "tiny": (8, 16, 2, 4),
     "small": (64, 256, 4, 32),
     "medium": (256, 1024, 8, 128),
+    "large": (1024, 4096, 8, 4096),
 }
 _N_CLASSES = 10
 

@@ -32,7 +32,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return _run_compile(args, command)
     if args.suite == "scratch":
         return _run_scratch(args, command)
-    overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads}
+    overrides = {"models": tuple(args.model or MODEL_NAMES), "threads": args.threads,
+                 "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu")}
     if args.size is not None:
         overrides["size"] = args.size
     if args.repeat is not None:

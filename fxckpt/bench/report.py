@@ -69,7 +69,9 @@ def markdown(result: dict) -> str:
 
 def model_markdown(model: dict) -> list[str]:
     lines = [f"### {model['model']}: {model['description']}", "", *rows_markdown(model["rows"])]
-    lines += ["", "fxckpt given each torch budget row's measured peak as its budget:", "",
+    lines += ["", "fxckpt given each torch budget row's measured peak as its budget "
+                  "(Inductor rows, whose kernels the work counter cannot see into, are "
+                  "weighed by step time):", "",
               "| torch row | budget | torch peak | fxckpt peak | torch recompute ms "
               "| fxckpt recompute ms | step time x (torch / fxckpt) | verdict |",
               "|---|---|---|---|---|---|---|---|"]
@@ -78,7 +80,8 @@ def model_markdown(model: dict) -> list[str]:
             c["torch_key"], _mib(c["budget_bytes"]), _mib(c["torch_peak_bytes"]),
             _with_ratio(_mib(c["fxckpt_peak_bytes"]), c["peak_ratio"]),
             _ms(c["torch_recompute_cost"]),
-            _with_ratio(_ms(c["fxckpt_recompute_cost"]), c["cost_ratio"]),
+            _with_ratio(_ms(c["fxckpt_recompute_cost"]),
+                        c["cost_ratio"] if c.get("cost_basis") != "step time" else None),
             f"{_x(c['torch_step_time_ratio'])} / {_x(c['fxckpt_step_time_ratio'])}",
             c["verdict"])) + " |")
     floor = model["floor"]

@@ -93,6 +93,8 @@ def ways(*, inductor: bool, torch_budgets=(0.5, 0.25, 0.0)) -> list[Way]:
         rows += [Way("compile_inductor", "compile default", TORCH, "inductor"),
                  Way("compile_checkpoint_inductor", "compile, checkpoint per block", TORCH,
                      "inductor", per_block=True)]
+        rows += [Way(torch_key(b, "inductor"), f"compile, budget {b:g}", TORCH, "inductor",
+                     torch_budget=b) for b in torch_budgets]
     rows += [Way("fxckpt_default", "fxckpt default", FXCKPT, "fxckpt, aot_eager runtime"),
              Way("fxckpt_per_block", "fxckpt per_block", FXCKPT, "fxckpt, aot_eager runtime",
                  per_block=True)]
@@ -104,11 +106,16 @@ def ways(*, inductor: bool, torch_budgets=(0.5, 0.25, 0.0)) -> list[Way]:
         rows += [Way("fxckpt_inductor", "fxckpt default", FXCKPT, "fxckpt, inductor"),
                  Way("fxckpt_per_block_inductor", "fxckpt per_block", FXCKPT,
                      "fxckpt, inductor", per_block=True)]
+        rows += [Way(f"fxckpt_at_{torch_key(b, 'inductor')}", f"fxckpt at torch {b:g}'s peak",
+                     FXCKPT, "fxckpt, inductor", budget_of=torch_key(b, "inductor"))
+                 for b in torch_budgets]
     return rows
 
 
-def torch_key(budget: float) -> str:
-    return f"torch_budget_{budget:g}"
+def torch_key(budget: float, compiler: str = "aot_eager") -> str:
+    """The key of torch's row compiled with ``activation_memory_budget=budget``."""
+    key = f"torch_budget_{budget:g}"
+    return key if compiler == "aot_eager" else f"{key}_{compiler}"
 
 
 # --- building a way's step ---------------------------------------------------
@@ -140,18 +147,19 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
     if way.family == TORCH:
         if way.per_block:
             wrap_blocks(step.model, _per_block)
-        if way.backend == "inductor":
-            # Compile caches off, as for fxckpt's Inductor way, so that
-            # compile times are of a compile.
-            return Built(torch.compile(step, backend="inductor"), scope=_uncached_inductor)
-        seconds: list[float] = []
-        from torch._functorch.partitioners import default_partition, \
-            min_cut_rematerialization_partition
-        partition = default_partition if way.reference else min_cut_rematerialization_partition
         scope = contextlib.nullcontext
         if way.torch_budget is not None:
             scope = functools.partial(torch._functorch.config.patch,
                                       activation_memory_budget=way.torch_budget)
+        if way.backend == "inductor":
+            # Compile caches off, as for fxckpt's Inductor way, so that
+            # compile times are of a compile.
+            return Built(torch.compile(step, backend="inductor"),
+                         scope=functools.partial(_both, scope, _uncached_inductor))
+        seconds: list[float] = []
+        from torch._functorch.partitioners import default_partition, \
+            min_cut_rematerialization_partition
+        partition = default_partition if way.reference else min_cut_rematerialization_partition
         return Built(torch.compile(step, backend=_aot_eager(_timed(partition, seconds))),
                      scope=scope, partition_seconds=seconds)
     if way.backend == "fxckpt, inductor":
@@ -166,6 +174,12 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
     backend = Backend(Options.create(budget=budget_bytes, compiler="eager",
                                      solver="per_block" if way.per_block else "auto"))
     return Built(torch.compile(step, backend=backend), plans=backend.plans)
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first(), second():
+        yield
 
 
 @contextlib.contextmanager

@@ -42,12 +42,15 @@ class Measured:
 
 
 def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
-                min_seconds: float = 0.0, scope=contextlib.nullcontext) -> Measured:
+                min_seconds: float = 0.0, scope=contextlib.nullcontext,
+                device: str | torch.device = "cpu") -> Measured:
     """Measure ``run(*inputs) -> loss`` training ``model``: the first step
     (compiling, if it compiles) with seed 0, then one step each for peak
     memory, saved bytes and counted work, then timed steps (``time_steps``).
     Every step starts with the gradients set to None, so each allocates
-    them afresh, as a training step does."""
+    them afresh, as a training step does. ``device`` is where the step
+    allocates and runs: its allocator's peak is read, and on a GPU each
+    timed step ends when the device has finished it."""
     live = [*model.parameters(), *model.buffers()]
 
     def step():
@@ -60,6 +63,7 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
         start = time.perf_counter()
         loss = run(*inputs)
         loss.backward()
+        _synchronize(device)
         first = time.perf_counter() - start
         grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
                  if p.grad is not None}
@@ -67,7 +71,7 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
 
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
-        peak = measure_peak_bytes(lambda: run(*inputs).backward())
+        peak = measure_peak_bytes(lambda: run(*inputs).backward(), device=device)
 
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)
@@ -80,13 +84,19 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
 
         torch.manual_seed(2)
         cpu: list[float] = []
-        wall = time_steps(step, repeat=repeat, min_seconds=min_seconds, cpu_seconds=cpu)
+        wall = time_steps(step, repeat=repeat, min_seconds=min_seconds, cpu_seconds=cpu,
+                          device=device)
     model.zero_grad(set_to_none=True)
     return Measured(first_step_seconds=first, step_seconds=statistics.median(wall),
                     step_cpu_seconds=statistics.median(cpu), step_times=wall,
                     peak_bytes=peak, saved_bytes=saved.total_bytes,
                     flops=work.flops, cost=work.cost, loss=loss, grads=grads)
 
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def compare(measured: Measured, reference: Measured) -> dict:

@@ -22,6 +22,7 @@ _HF_SIZES = {
     "tiny": (2, 32, 2, 64, 2, 16),
     "small": (2, 64, 4, 128, 2, 256),
     "medium": (4, 128, 4, 512, 4, 256),
+    "large": (6, 768, 12, 8192, 8, 1024),
 }
 
 
@@ -46,11 +47,13 @@ def hf_loss(output) -> torch.Tensor:
     return output.loss
 
 
-def make_bench_model(name: str, *, size: str = "small", seed: int = 0):
-    """``(model, inputs, loss_fn)`` for a built-in or a Hugging Face model;
-    the global RNG state is left as it was."""
+def make_bench_model(name: str, *, size: str = "small", seed: int = 0,
+                     device: str = "cpu"):
+    """``(model, inputs, loss_fn)`` for a built-in or a Hugging Face model,
+    on ``device`` (drawn on the CPU, so every device gets the same weights
+    and inputs); the global RNG state is left as it was."""
     if name not in HF_MODEL_NAMES:
-        return make_model(name, size=size, seed=seed)
+        return make_model(name, size=size, seed=seed, device=device)
     if size not in _HF_SIZES:
         raise ValueError(f"unknown size {size!r} for model {name!r}; valid sizes: "
                          f"{', '.join(_HF_SIZES)}")
@@ -65,7 +68,9 @@ def make_bench_model(name: str, *, size: str = "small", seed: int = 0):
     description = (f"{type(model).__name__} (transformers {transformers.__version__}, sdpa "
                    f"attention, dropout 0.1), {layers} layers, hidden {width}, {heads} heads, "
                    f"vocab {vocab}; input {batch}x{seq}")
-    return HFCausalLM(model, description).train(), (ids, ids.clone()), hf_loss
+    ids = ids.to(device)
+    return (HFCausalLM(model, description).to(device).train(), (ids, ids.clone()),
+            hf_loss)
 
 
 def _gpt2(transformers, layers: int, width: int, heads: int, vocab: int, seq: int):

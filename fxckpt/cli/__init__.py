@@ -60,14 +60,17 @@ def add_bench(subparsers) -> None:
                              "scratch: every op of the planned graphs run alone, its "
                              "scratch memory against the memory model's")
     parser.add_argument("--device", default=None,
-                        help="--suite offload: the device (default: cuda); --suite "
-                             "scratch: the device (default: cuda where there is one)")
+                        help="where the models train: --suite offload needs CUDA "
+                             "(default: cuda); models and scratch default to cuda "
+                             "where there is one, else cpu")
     parser.add_argument("--model", action="append", choices=BENCH_MODEL_NAMES,
                         help="a model; repeat for several (default: the built-in "
                              "gpt, cnn and mlp; hf_gpt2 and hf_llama, tiny Hugging "
                              "Face configurations, need transformers)")
-    parser.add_argument("--size", choices=("tiny", "small", "medium"), default=None,
-                        help="model size (default: small; tiny with --quick)")
+    parser.add_argument("--size", choices=("tiny", "small", "medium", "large"), default=None,
+                        help="model size (default: small; tiny with --quick; large is "
+                             "sized for a GPU: the GPT has GPT-2 small's shape, batch 8 "
+                             "of 1,024 tokens)")
     parser.add_argument("--quick", action="store_true",
                         help="a CI-sized run: tiny models, 3 timed steps per row, no "
                              "Inductor rows; with --suite solvers a 12-layer GPT and "
