@@ -95,19 +95,90 @@ class Runner:
 
 
 def test_cuda_attention_scratch_is_counted_where_the_kernel_runs():
-    """A CUDA attention fallback holds its outputs and its scratch (as the
-    planned graph's nodes give them) on top of what is live at the call:
-    256 held + 128 (buf0) + 10,000."""
+    """On CUDA every buffer takes whole 512-byte blocks (the caching
+    allocator's): the forward's three 128-byte buffers 512 each, two of them
+    kept (1,024 held), backward's buf0 512. A CUDA attention fallback holds
+    its outputs and its scratch (as the planned graph's nodes give them) on
+    top of what is live at the call: 1,024 + 512 + 10,000."""
     name = "_scaled_dot_product_efficient_attention_backward"
     without = step_peak(_CUDA_FORWARD, _CUDA_ATTENTION_BACKWARD)
-    assert without.peak_bytes == 256 + 128
+    assert (without.forward_peak_bytes, without.held_bytes) == (1536, 1024)
+    assert without.peak_bytes == 1024 + 512
     held = step_peak(_CUDA_FORWARD, _CUDA_ATTENTION_BACKWARD, {name: 10_000})
-    assert held.peak_bytes == 256 + 128 + 10_000
-    # On the CPU that kernel holds no such scratch.
+    assert held.peak_bytes == 1024 + 512 + 10_000
+    # On the CPU: exact bytes, and that kernel holds no such scratch.
     cpu = step_peak(_FORWARD, _CUDA_ATTENTION_BACKWARD.replace("empty_strided_cuda",
                                                                "empty_strided_cpu"),
                     {name: 10_000})
-    assert cpu.peak_bytes == without.peak_bytes
+    assert cpu.peak_bytes == 256 + 128
+
+
+# What a generated module binds before its code, on every device (seen in
+# torch 2.11's CUDA output): the device is read from the call's allocations.
+_PREAMBLE = """
+empty_strided_cpu = torch._C._dynamo.guards._empty_strided_cpu
+empty_strided_cuda = torch._C._dynamo.guards._empty_strided_cuda
+"""
+
+
+def test_the_device_is_read_from_the_call_not_the_preamble():
+    peak = step_peak(_PREAMBLE + _CUDA_FORWARD, _PREAMBLE + _CUDA_ATTENTION_BACKWARD,
+                     {"_scaled_dot_product_efficient_attention_backward": 10_000})
+    assert peak.peak_bytes == 1024 + 512 + 10_000
+    assert step_peak(_PREAMBLE + _FORWARD, _PREAMBLE + _BACKWARD).peak_bytes == 512
+
+
+# A random op under fxckpt's RNG replay, as Inductor wraps it on CUDA (torch
+# 2.11's output for the zoo GPT's attention with dropout): the forward's
+# run_and_save_rng_state returns (state, outputs), so an output is an item of
+# an item; backward's run_with_rng_state names the op it runs inside.
+_RNG_FORWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, = args
+        args.clear()
+        buf8 = empty_strided_cuda((8, 4, 64, 16), (4096, 16, 64, 1), torch.float32)
+        buf9 = torch.ops.higher_order.run_and_save_rng_state(torch.ops.aten._scaled_dot_product_efficient_attention.default, buf8, buf8, buf8, None, True, 0.1)
+        del buf8
+        buf10 = buf9[0]
+        assert_size_stride(buf10, (16, ), (1, ), 'torch.ops.run_and_save_rng_state')
+        buf11 = buf9[1][0]
+        assert_size_stride(buf11, (8, 4, 64, 16), (4096, 16, 64, 1), 'torch.ops.run_and_save_rng_state')
+        del buf9
+        buf23 = reinterpret_tensor(buf11, (8, 64, 64), (4096, 64, 1), 0); del buf11  # reuse
+        return (buf23, buf10, )
+"""
+
+_RNG_BACKWARD = """
+class Runner:
+    def call(self, args):
+        buf23, rng_state, tangents_1 = args
+        args.clear()
+        buf35 = empty_strided_cuda((8, 4, 64, 16), (4096, 16, 64, 1), torch.float32)
+        buf36 = torch.ops.higher_order.run_with_rng_state(rng_state, torch.ops.aten._scaled_dot_product_efficient_attention.default, buf35, buf35, buf35, None, True, 0.1)
+        del rng_state
+        buf37 = buf36[0]
+        assert_size_stride(buf37, (8, 4, 64, 16), (4096, 16, 64, 1), 'torch.ops.run_with_rng_state')
+        del buf36
+        return (buf37, )
+"""
+
+
+def test_outputs_of_a_replayed_random_op_are_counted():
+    """The forward keeps the attention's output (131,072 B) and the 16-byte
+    state (a block); backward recomputes it under the saved state, the
+    kernel's own scratch counted under the op it runs."""
+    peak = step_peak(_RNG_FORWARD, _RNG_BACKWARD)
+    assert peak.held_bytes == 131_072 + 512
+    # A fallback's outputs are placed at their asserts, after the input's
+    # del (what the kernel holds while it runs is its scratch entry's).
+    assert peak.forward_peak_bytes == 131_072 + 512
+    # Backward: the saved output, buf35 and the recomputed output (the
+    # state freed before the output is placed).
+    assert peak.peak_bytes == 3 * 131_072
+    scratch = {"_scaled_dot_product_efficient_attention": 200_000}
+    assert step_peak(_RNG_FORWARD, _RNG_BACKWARD, scratch).peak_bytes == \
+        2 * 131_072 + 512 + 200_000
 
 
 def test_fallback_scratch_reads_the_planned_graphs():

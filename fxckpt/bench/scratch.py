@@ -140,9 +140,8 @@ def run_scratch(*, models, size: str, device: str,
 
     rows = []
     for name in models:
-        model, inputs, loss_fn = make_bench_model(name, size=size)
-        model = model.to(device)
-        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        # Built on the device: the loss's targets too.
+        model, inputs, loss_fn = make_bench_model(name, size=size, device=device)
         graphs = []
         for budget in (0.0, None):
             graphs += planned_graphs(model, inputs, loss_fn, budget)

@@ -47,9 +47,14 @@ _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+#
 _ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
 _CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops|extern_kernels)\.(\w+)[.(]"
                    r"(?:default\()?(\w+)?(?:, (\w+))?(?:, (\w+))?")
-_ITEM = re.compile(r"^(\w+) = (\w+)\[\d+\]$")
+# One output of a multi-output fallback; a random op run under fxckpt's RNG
+# replay returns (state, outputs), so its outputs are items of an item.
+_ITEM = re.compile(r"^(\w+) = (\w+)(?:\[\d+\])+$")
+# The op a higher-order wrapper (run_and_save_rng_state, run_with_rng_state) runs.
+_WRAPPED = re.compile(r"torch\.ops\.aten\.(\w+)\.")
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
 _ARGS = re.compile(r"^(.*) = args$")
+_CUDA_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def step_peak(forward_code: str, backward_code: str | None,
     try:
         forward = _call_body(forward_code)
         walk = _Walk()
-        walk.cpu = "empty_strided_cpu" in forward_code or "empty_strided_" not in forward_code
+        walk.cpu = _on_cpu(forward)
         walk.kernel_scratch = dict(kernel_scratch or {})
         returned = walk.run(forward)
         kept = {walk.names[name] for name in returned if name in walk.names}
@@ -91,6 +96,14 @@ def step_peak(forward_code: str, backward_code: str | None,
     except _Unreadable:
         return None
     return CompiledPeak(walk.peak, forward_peak, held)
+
+
+def _on_cpu(body: list[str]) -> bool:
+    """Whether the call allocates on the CPU only. Read from the call's own
+    allocations: the module's preamble binds every device's allocator
+    (``empty_strided_cpu = ...``), whatever device the code runs on."""
+    return not any(_ALLOC.match(line) and not line.split("=", 1)[1].strip().startswith(
+        "empty_strided_cpu(") for line in body)
 
 
 class _Unreadable(Exception):
@@ -125,6 +138,9 @@ class _Walk:
         self.kernel_scratch: dict[str, int] = {}
 
     def allocate(self, name: str, nbytes: int) -> None:
+        if not self.cpu:
+            # The CUDA caching allocator hands out whole 512-byte blocks.
+            nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
         storage = object()
         self.names[name] = storage
         self.sizes[storage] = nbytes
@@ -170,7 +186,10 @@ class _Walk:
                 self.names[match[1]] = storage
         elif match := _CALL.match(statement):
             self.fallback.add(match[1])     # its size comes in the assert after it
-            _scratch(self, match[1], match[2], match.group(3, 4, 5))
+            op = match[2]
+            if op == "higher_order" and (wrapped := _WRAPPED.search(statement)):
+                op = wrapped[1]
+            _scratch(self, match[1], op, match.group(3, 4, 5))
         elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
             self.fallback.add(match[1])     # one output of a multi-output fallback
         elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
