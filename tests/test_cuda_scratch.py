@@ -162,3 +162,52 @@ def test_the_peak_breakdown_names_kernel_scratch():
     parts, _, _ = breakdown(graph, None, timeline.peak_at)
     assert parts["kernel scratch"] == workspace_bytes(node) > 0
     assert sum(parts.values()) == timeline.peak_bytes
+
+
+# Column sums (a bias's gradient) measured on an H100 (132 SMs, torch 2.11):
+# (rows, columns, dtype, the kernel's buffer, its semaphores), bytes asked of
+# the allocator inside the call.
+REDUCTIONS = [
+    (1024, 128, torch.float32, 1048576, 4),
+    (1024, 384, torch.float32, 3145728, 12),
+    (1024, 512, torch.float32, 4194304, 16),
+    (2048, 512, torch.bfloat16, 8388608, 16),
+    (2048, 1536, torch.bfloat16, 25165824, 48),
+    (2048, 2048, torch.bfloat16, 33554432, 64),
+]
+
+
+def _sum_node(shape, dims, dtype, device="cuda", target=aten.sum.dim_IntList):
+    with FakeTensorMode():
+        x = torch.empty(*shape, dtype=dtype, device=device)
+        out = x.sum(dims) if dims is not None else x.sum()
+    graph = fx.Graph()
+    args = (_graph_node(graph, "x", x),) + ((dims,) if dims is not None else ())
+    node = graph.call_function(target, args)
+    node.meta["val"] = out
+    return node
+
+
+@pytest.mark.parametrize("rows,cols,dtype,buffer,semaphores", REDUCTIONS)
+def test_column_sum_scratch_matches_the_h100(rows, cols, dtype, buffer, semaphores):
+    """Both allocations in whole 512-byte blocks, to the byte; the same
+    whether the rows come as one dimension or as (batch, sequence)."""
+    blocks = lambda n: -(-n // 512) * 512  # noqa: E731
+    assert workspace_bytes(_sum_node((rows, cols), [0], dtype)) == \
+        blocks(buffer) + blocks(semaphores)
+    assert workspace_bytes(_sum_node((4, rows // 4, cols), [0, 1], dtype)) == \
+        blocks(buffer) + blocks(semaphores)
+
+
+def test_reductions_that_fit_one_block_per_output_hold_nothing():
+    """Row sums (over the fastest dimension) of a few values per output, a
+    short column sum, and any sum on the CPU: no partial-result buffer. A
+    full sum of 4 Mi floats splits across blocks: a small buffer and a
+    semaphore (2,048 + 512 B, ATen's rule at 132 SMs)."""
+    assert workspace_bytes(_sum_node((8, 64, 128), [2], torch.float32)) == 0
+    assert workspace_bytes(_sum_node((512, 64), [0], torch.float32)) == 0
+    assert workspace_bytes(_sum_node((1024, 512), [0], torch.float32, device="cpu")) == 0
+    assert workspace_bytes(_sum_node((4 << 20,), None, torch.float32,
+                                     target=aten.sum.default)) == 2048 + 512
+    assert workspace_bytes(_sum_node((1024, 512), [0], torch.float32,
+                                     target=aten.mean.dim)) == 4194304 + 512

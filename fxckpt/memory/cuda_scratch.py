@@ -1,6 +1,7 @@
 """Scratch memory of CUDA kernels: what they allocate and free inside their
-own call, besides their outputs. Attention's kernels (measured) and the
-embedding's backward (read from its source).
+own call, besides their outputs. Attention's kernels (measured), the
+embedding's backward (read from its source), and sum and mean's partial
+results (cuda_reduce.py: read from ATen's source, measured on an H100).
 
 Measured on an H200 (132 SMs, torch 2.11) with PyTorch's CUDA allocator,
 over batch 1-16, heads 1-32, sequences 32-4096, head dims 16-256, float32 and
@@ -46,12 +47,15 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from fxckpt.memory.cuda_reduce import reduce_scratch
+
 _aten = torch.ops.aten
 _BLOCK = 512      # the CUDA allocator's block
 _SMALL = 32768    # the kernels' small tensors, in whole blocks
 # The SM count assumed where the graph's device cannot be asked (planning on
 # a machine without it): an H100's and H200's, which most large runs use.
 _DEFAULT_SMS = 132
+_DEFAULT_THREADS_PER_SM = 2048
 
 
 def cuda_scratch(target, args: tuple, size: Callable[[object], int]) -> int:
@@ -218,6 +222,29 @@ def _device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _threads_per_sm(tensor: torch.Tensor) -> int:
+    if tensor.device.type != "cuda" or not torch.cuda.is_available():
+        return _DEFAULT_THREADS_PER_SM
+    props = torch.cuda.get_device_properties(tensor.device.index or 0)
+    return getattr(props, "max_threads_per_multi_processor", _DEFAULT_THREADS_PER_SM)
+
+
+def _reduction(over_all: bool) -> Callable:
+    """The rule of sum or mean (``over_all``: the overload without dims):
+    the reduction kernel's partial-result buffer (cuda_reduce.py)."""
+    def rule(args: tuple, size) -> int:
+        x = _val(args[0]) if args else None
+        if x is None or x.dim() == 0:
+            return 0
+        dims = None if over_all or len(args) < 2 else args[1]
+        dims = {d % x.dim() for d in dims} if dims else set(range(x.dim()))
+        accumulator = 4 if x.is_floating_point() and x.element_size() <= 4 else 8
+        return reduce_scratch(tuple(size(s) for s in x.shape),
+                              tuple(size(s) for s in x.stride()), dims, x.element_size(),
+                              accumulator, _sm_count(x), _threads_per_sm(x))
+    return rule
+
+
 # Each kernel's rule, by its ATen overload.
 _RULES = {
     _aten._scaled_dot_product_efficient_attention_backward.default: _efficient_backward,
@@ -226,4 +253,8 @@ _RULES = {
     _aten._scaled_dot_product_flash_attention.default: _flash_forward,
     _aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward,
     _aten.embedding_dense_backward.default: _embedding_backward,
+    _aten.sum.dim_IntList: _reduction(over_all=False),
+    _aten.sum.default: _reduction(over_all=True),
+    _aten.mean.dim: _reduction(over_all=False),
+    _aten.mean.default: _reduction(over_all=True),
 }
