@@ -8,7 +8,6 @@ recomputation, solver="save_all", for "inductor"). One JSON line per step.
     python .ci/cuda_memcheck.py MODEL [eager|inductor ...]
 """
 import json
-import os
 import sys
 import time
 
@@ -16,30 +15,16 @@ import torch
 
 sys.path.insert(0, ".")
 import fxckpt  # noqa: E402
-from fxckpt.bench.measure import measure_peak_bytes  # noqa: E402
 from tests.harness import fresh, run_step  # noqa: E402
+from tests.test_cuda import measured_step  # noqa: E402
 from tests.zoo import ZOO  # noqa: E402
 
-CUDA = torch.device(os.environ.get("MEMCHECK_DEVICE", "cuda"))
+CUDA = torch.device("cuda")
 
 
 def built(name):
     with CUDA:
         return fresh(ZOO[name])
-
-
-def peak_of(model, inputs, loss_fn):
-    run_step(model, inputs, loss_fn)
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(3)
-
-    def step():
-        out = model(*inputs)
-        loss_fn(out).backward()
-        return out
-    peak = measure_peak_bytes(step, device=CUDA)
-    model.zero_grad(set_to_none=True)
-    return peak
 
 
 def differs(a, b):
@@ -82,7 +67,7 @@ def main(name, compilers):
             compiled = torch.compile(model, backend=be)
             try:
                 got = run_step(compiled, inputs, loss_fn)
-                peak = peak_of(compiled, inputs, loss_fn)
+                peak = measured_step(compiled, inputs, loss_fn)
             except Exception as error:  # noqa: BLE001 - reported
                 print(json.dumps({"model": name, "compiler": compiler, "k": k,
                                   "budget": budget, "error": repr(error)[:300]}), flush=True)

@@ -14,8 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from fxckpt.memory.cuda_reduce import reduce_scratch
 from fxckpt.memory.cuda_scratch import cuda_scratch, flash_splits
 from fxckpt.memory.model import concrete, workspace_bytes
 
@@ -211,3 +214,25 @@ def test_reductions_that_fit_one_block_per_output_hold_nothing():
                                      target=aten.sum.default)) == 2048 + 512
     assert workspace_bytes(_sum_node((1024, 512), [0], torch.float32,
                                      target=aten.mean.dim)) == 4194304 + 512
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 1 << 14), cols=st.integers(1, 4096), split=st.sampled_from([1, 2, 4, 8]),
+       over_rows=st.booleans(), itemsize=st.sampled_from([2, 4]),
+       sms=st.sampled_from([80, 108, 132]))
+def test_reduction_scratch_follows_memory_not_how_dims_are_split(rows, cols, split, over_rows,
+                                                                 itemsize, sms):
+    """ATen coalesces adjacent dimensions before it lays out a reduction, so
+    splitting the reduced rows of a contiguous matrix into (split, rows /
+    split) leaves the scratch as it was; and it is whole 512-byte blocks."""
+    rows *= split
+    if over_rows:      # column sums: (rows, cols) over dim 0
+        whole = reduce_scratch((rows, cols), (cols, 1), {0}, itemsize, 4, sms, 2048)
+        parts = reduce_scratch((split, rows // split, cols), (rows // split * cols, cols, 1),
+                               {0, 1}, itemsize, 4, sms, 2048)
+    else:              # row sums: (cols, rows) over its last dim
+        whole = reduce_scratch((cols, rows), (rows, 1), {1}, itemsize, 4, sms, 2048)
+        parts = reduce_scratch((cols, split, rows // split), (rows, rows // split, 1),
+                               {1, 2}, itemsize, 4, sms, 2048)
+    assert whole == parts
+    assert whole % 512 == 0 and whole >= 0
