@@ -17,6 +17,7 @@ space, NumPy arrays) is not seen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -161,6 +162,12 @@ def measure_saved_bytes(step_fn_forward: StepFn, *,
 
 # --- time --------------------------------------------------------------------
 
+def synchronize(device: str | torch.device) -> None:
+    """Wait for ``device`` to finish its queued work (a no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_steps(step_fn: StepFn, *, repeat: int, warmup: int = 1,
                device: str | torch.device | None = None, min_seconds: float = 0.0,
                cpu_seconds: list[float] | None = None) -> list[float]:
@@ -176,8 +183,7 @@ def time_steps(step_fn: StepFn, *, repeat: int, warmup: int = 1,
         raise ValueError(f"time_steps: need repeat >= 1 and warmup >= 0, got "
                          f"repeat={repeat}, warmup={warmup}")
     device = torch.device("cpu" if device is None else device)
-    sync = ((lambda: torch.cuda.synchronize(device)) if device.type == "cuda"
-            else (lambda: None))
+    sync = functools.partial(synchronize, device)
     for _ in range(warmup):
         step_fn()
     sync()

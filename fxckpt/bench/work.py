@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxckpt.bench.measure import measure_peak_bytes, measure_saved_bytes, time_steps
+from fxckpt.bench.measure import (measure_peak_bytes, measure_saved_bytes, synchronize,
+                                  time_steps)
 from fxckpt.memory.model import tensor_bytes
 from fxckpt.passes.profile import CostModel, op_flops
 
@@ -63,7 +64,7 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
         start = time.perf_counter()
         loss = run(*inputs)
         loss.backward()
-        _synchronize(device)
+        synchronize(device)
         first = time.perf_counter() - start
         grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
                  if p.grad is not None}
@@ -92,11 +93,6 @@ def measure_way(run, model: torch.nn.Module, inputs, *, repeat: int = 3,
                     peak_bytes=peak, saved_bytes=saved.total_bytes,
                     flops=work.flops, cost=work.cost, loss=loss, grads=grads)
 
-
-
-def _synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def compare(measured: Measured, reference: Measured) -> dict:

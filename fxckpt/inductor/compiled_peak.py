@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxckpt.memory.model import device_type, tensor_bytes, workspace_bytes
+from fxckpt.memory.model import CUDA_BLOCK_BYTES, device_type, tensor_bytes, workspace_bytes
 
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
 _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
@@ -54,7 +54,6 @@ _ITEM = re.compile(r"^(\w+) = (\w+)(?:\[\d+\])+$")
 _WRAPPED = re.compile(r"torch\.ops\.aten\.(\w+)\.")
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
 _ARGS = re.compile(r"^(.*) = args$")
-_CUDA_BLOCK = 512
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,7 @@ def _on_cpu(body: list[str]) -> bool:
     """Whether the call allocates on the CPU only. Read from the call's own
     allocations: the module's preamble binds every device's allocator
     (``empty_strided_cpu = ...``), whatever device the code runs on."""
-    return not any(_ALLOC.match(line) and not line.split("=", 1)[1].strip().startswith(
-        "empty_strided_cpu(") for line in body)
+    return not any(_ALLOC.match(line) and " = empty_strided_cpu(" not in line for line in body)
 
 
 class _Unreadable(Exception):
@@ -140,7 +138,7 @@ class _Walk:
     def allocate(self, name: str, nbytes: int) -> None:
         if not self.cpu:
             # The CUDA caching allocator hands out whole 512-byte blocks.
-            nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
+            nbytes = -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
         storage = object()
         self.names[name] = storage
         self.sizes[storage] = nbytes

@@ -255,9 +255,10 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
     code Inductor generated for the forward and the backward, ``scratch``
     the planned graphs' kernel scratch (``fallback_scratch``), read as the
     partitioner hands them to Inductor. (Read after compiling, on an H100
-    with torch 2.11, it lacked the attention backward's 573,440 bytes, and
-    the zoo GPT's floor plan peaked 12% over its compiled peak; what
-    Inductor's passes leave of the graphs is not fxckpt's to rely on.)"""
+    with torch 2.11, the compiled peak lacked the attention backward's
+    573,440 bytes and the zoo GPT's floor plan peaked 12% over it; why was
+    not found. Read here, it does not depend on what Inductor's passes do
+    to the graphs.)"""
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
