@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fxckpt.memory.walk import Steps, Walk, advance
+from fxckpt.memory.walk import Rows, Steps, Walk, advance
 
 OFFSET = 3   # references run from -OFFSET (generator states are negative)
 
@@ -95,3 +95,32 @@ def test_a_storage_freed_and_made_again_lives_to_the_end():
     walk = Walk()
     assert advance(walk, steps) == 0
     assert (walk.peak, walk.total, walk.live) == (10, 10, {0: 10})
+
+
+@st.composite
+def gathers(draw):
+    """Rows of (reference, bytes) entries per node, and a sequence of steps:
+    nodes (by index) or -1 (a step not in the table), some with entries of
+    their own."""
+    entry = st.tuples(st.integers(-5, 40), st.integers(0, 1000))
+    rows = draw(st.lists(st.lists(entry, max_size=3).map(tuple), min_size=1, max_size=6))
+    steps = draw(st.lists(st.integers(-1, len(rows) - 1), max_size=10))
+    own = {p: draw(st.lists(entry, max_size=3).map(tuple))
+           for p, node in enumerate(steps) if node < 0 or draw(st.booleans())}
+    return rows, steps, own
+
+
+@settings(max_examples=300, deadline=None)
+@given(gathers())
+def test_rows_gather_is_the_steps_entries_in_order(case):
+    rows, steps, own = case
+    table = Rows.of(rows, 2)
+    at, ref, nbytes = table.gather(np.array(steps, np.int64), own)
+    expected = [(p, r, b) for p, node in enumerate(steps)
+                for r, b in (own[p] if p in own else rows[node])]
+    assert list(zip(at.tolist(), ref.tolist(), nbytes.tolist())) == expected
+    # One column: the same rows' references alone.
+    refs = Rows.of([tuple(r for r, _ in row) for row in rows], 1)
+    at, ref = refs.gather(np.array(steps, np.int64),
+                          {p: tuple(r for r, _ in entries) for p, entries in own.items()})
+    assert list(zip(at.tolist(), ref.tolist())) == [(p, r) for p, r, _ in expected]

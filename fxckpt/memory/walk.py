@@ -20,6 +20,7 @@ with numpy, their bytes summed per step, and the peak taken.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -133,3 +134,57 @@ def _mask(refs, offset: int, size: int) -> np.ndarray:
     mask = np.zeros(size, bool)
     mask[_indices(refs, offset)] = True
     return mask
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Variable-length rows of numbers, one per joint node (CSR): row ``i``
+    holds entries ``ptr[i]:ptr[i + 1]`` of each of ``columns``."""
+
+    ptr: np.ndarray
+    columns: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, rows: list[tuple], width: int) -> "Rows":
+        """From each row's entries, tuples of ``width`` numbers (``width``
+        1: the numbers themselves)."""
+        ptr = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum([len(row) for row in rows], out=ptr[1:])
+        flat = [entry for row in rows for entry in row]
+        if width == 1:
+            return cls(ptr, (np.array(flat, np.int64).reshape(-1),))
+        table = np.array(flat, np.int64).reshape(-1, width)
+        return cls(ptr, tuple(table[:, k] for k in range(width)))
+
+    def gather(self, rows: np.ndarray, own: dict[int, tuple]) -> tuple[np.ndarray, ...]:
+        """The entries of a sequence of steps: step ``p`` has row
+        ``rows[p]``, or where ``p`` is in ``own`` the entries ``own[p]``
+        (as ``of`` takes them). Returns each entry's step, then each
+        column's entries, in step order. Most steps of a plan's graphs are
+        joint nodes with the joint graph's rows: gathered by numpy, the
+        rest read one by one."""
+        n = len(rows)
+        width = len(self.columns)
+        safe = np.where(rows >= 0, rows, 0)
+        counts = self.ptr[safe + 1] - self.ptr[safe]
+        mine = np.fromiter(own, np.int64, len(own))
+        counts[mine] = np.fromiter(map(len, own.values()), np.int64, len(own))
+        at = np.repeat(np.arange(n), counts)
+        first = np.cumsum(counts) - counts
+        within = np.arange(len(at)) - first[at]
+        theirs = np.ones(n, bool)
+        theirs[mine] = False
+        from_rows = theirs[at]
+        source = self.ptr[safe[at[from_rows]]] + within[from_rows]
+        columns = [np.empty(len(at), np.int64) for _ in range(width)]
+        for column, values in zip(columns, self.columns):
+            column[from_rows] = values[source]
+        if own:
+            entries = chain.from_iterable(map(own.__getitem__, sorted(own)))
+            if width > 1:
+                entries = chain.from_iterable(entries)
+            table = np.fromiter(entries, np.int64, width * int((~from_rows).sum()))
+            table = table.reshape(-1, width)
+            for k, column in enumerate(columns):
+                column[~from_rows] = table[:, k]
+        return (at, *columns)

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from itertools import chain, repeat
 
 import numpy as np
 
 import torch.fx as fx
 
 from fxckpt.memory.model import inlined_keys
-from fxckpt.memory.walk import Steps, Walk, advance
+from fxckpt.memory.walk import Rows, Steps, Walk, advance
 from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
 from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
 
@@ -119,6 +118,9 @@ class ScheduleModel:
         self.backward_users = [[u for u in users if nodes[u].backward] for users in self.users]
         self.reads = {i: _reads(node.inputs, self.storages.__getitem__)
                       for i, node in enumerate(nodes)}
+        # The same as rows of numbers, for _run.
+        self.named_rows = Rows.of(self.storages, 2)
+        self.read_rows = Rows.of([self.reads[i] for i in range(len(nodes))], 1)
         # _copy's storages of copies of nodes making all theirs, by key.
         self.own_fresh: dict = {}
         self.makes_own = [not any(n.aliases) for n in nodes]
@@ -138,6 +140,9 @@ class ScheduleModel:
         # Backward steps (Decision.again's): each backward node's index
         # among the backward nodes, in graph order.
         self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
+        # Each node's first backward step reading it (_first_needs).
+        self.first_read = [min((self.steps[u] for u in users if u in self.steps),
+                               default=len(self.steps)) for users in self.users]
         # Whether dead-code elimination keeps a replay nobody reads.
         self.replay_impure, self.pair_impure = rng_calls_impure()
 
@@ -177,11 +182,10 @@ class ScheduleModel:
         inputs.update((p, ()) for p in placeholders)  # backward's inputs read nothing
         # What each key reads, for backward's walks: the joint graph's reads
         # but where the rewrite changed a key's inputs (_reads, inlined).
-        reads = dict(self.reads)
         own, fresh = self.storages, self.fresh
-        reads.update({key: [ref for a in inputs[key]
-                            for ref, _ in (own[a] if a.__class__ is int else fresh[a])]
-                      for key in (*changed, *placeholders)})
+        reads = {key: [ref for a in inputs[key]
+                       for ref, _ in (own[a] if a.__class__ is int else fresh[a])]
+                 for key in (*changed, *placeholders)}
         outputs = [copies[o][-1][1] if o in copies else o for o in self.bwd_outputs]
         pairs = {s.node for s in states}  # forward runs these as run_and_save_rng_state
         # Saved values backward does not read are dropped from both graphs
@@ -195,7 +199,7 @@ class ScheduleModel:
         primals = self.primals
         walk.not_counted.update(ref for i in primals for ref, _ in self.nodes[i].storages)
         fwd_inputs = {i: self.nodes[i].inputs for i in fwd} if self.fused else {}  # _inlined's
-        self._run(primals + fwd, self.reads, self._refs(fwd_kept), walk, "forward",
+        self._run(primals + fwd, {}, self._refs(fwd_kept), walk, "forward",
                   set(primals), pairs, self._inlined(fwd, fwd_inputs, fwd_kept, pairs))
         for p in placeholders:
             self._allocate(p, walk)
@@ -305,8 +309,8 @@ class ScheduleModel:
         """The first backward step needing each recomputed value: reading
         it, or a recomputed value backward needs (rewrite.py's rule)."""
         chosen = set(recomputed)
-        need = {r: min((self.steps[u] for u in self.users[r] if u in self.steps),
-                       default=len(self.steps)) for r in recomputed}
+        first_read = self.first_read
+        need = {r: first_read[r] for r in recomputed}
         for r in reversed(recomputed):
             for u in self.users[r]:
                 if u in chosen:
@@ -534,54 +538,61 @@ class ScheduleModel:
                 walk.live[ref] = nbytes
                 walk.total += nbytes
 
-    def _run(self, sequence, reads, keep: set, walk: Walk, phase: str,
+    def _run(self, sequence, reads: dict, keep: set, walk: Walk, phase: str,
              placeholders: set, pairs: set, inlined: set = frozenset()) -> int | None:
         """memory/model.py's walk of one graph (memory/walk.py, on arrays);
-        ``reads``: each key's storages read (``_reads`` of its inputs; a key
-        not in it reads none); ``pairs``: random nodes forward runs as
+        ``reads``: the storages read by each key whose reads are not the
+        joint graph's (``_reads`` of its inputs; a _Key not in it reads
+        none); ``pairs``: random nodes forward runs as
         run_and_save_rng_state, allocating their generator state;
-        ``inlined``: keys never allocated (fused). The walk is most of a
-        plan's time. Returns the step of ``sequence`` where the peak grew
-        to its new height (None: it did not grow)."""
+        ``inlined``: keys never allocated (fused). Returns the step of
+        ``sequence`` where the peak grew to its new height (None: it did
+        not grow)."""
         n = len(sequence)
         if not n:
             return
-        # (A _Key's storages are in self.fresh: it is a copy or a
-        # generator state.)
-        own, fresh = self.storages, self.fresh
-        found_at = [own[key] if key.__class__ is int else fresh[key] for key in sequence]
-        for index, key in enumerate(sequence) if pairs else ():
-            if key in pairs:
-                found_at[index] += ((-1 - key, self.nodes[key].state_device_bytes),)
-        # Per node: its joint node, what it adds while it runs, whether it
-        # allocates.
+        # Per step: its joint node (a _Key: -1 - its node), what it adds
+        # while it runs, whether it allocates.
         at = np.fromiter([key if key.__class__ is int else -1 - key.node for key in sequence],
                          np.int64, n)
         copy = at < 0
         node = np.where(copy, -1 - at, at)
         extra = self.workspace[node] + np.where(copy, self.state_device[node], 0)
+        keys = np.flatnonzero(copy).tolist()
         if placeholders:
-            extra[np.fromiter(map(placeholders.__contains__, sequence), bool, n)] = 0
+            extra[self._positions(at, copy, keys, sequence, placeholders)] = 0
         allocates = self.counted[node]
         if inlined:
             allocates &= ~np.fromiter(map(inlined.__contains__, sequence), bool, n)
-        # Per storage named, in order: which node names it, its bytes there.
-        count = np.fromiter(map(len, found_at), np.int64, n)
-        pairs_of = np.fromiter(chain.from_iterable(chain.from_iterable(found_at)), np.int64,
-                               2 * int(count.sum())).reshape(-1, 2)
-        named_at = np.repeat(np.arange(n), count)
-        read = list(map(reads.get, sequence, repeat((), n)))
-        count = np.fromiter(map(len, read), np.int64, n)
-        read_ref = np.fromiter(chain.from_iterable(read), np.int64, int(count.sum()))
+        # Storages named and read: the joint graph's rows (memory.walk.Rows)
+        # but for copies and generator states (self.fresh), pairs (their
+        # state besides), and keys whose reads changed.
+        fresh = self.fresh
+        named = {p: fresh[sequence[p]] for p in keys}
+        for p in self._positions(at, copy, (), sequence, pairs):
+            named[p] = self.storages[at[p]] + ((-1 - int(at[p]), self.state_device[at[p]]),)
+        named_at, ref, nbytes = self.named_rows.gather(at, named)
+        read = {p: reads.get(sequence[p], ()) for p in keys}
+        read.update((p, reads[sequence[p]])
+                    for p in self._positions(at, copy, (), sequence, reads))
+        read_at, read_ref = self.read_rows.gather(at, read)
         peaked = advance(walk, Steps(
-            count=n, extra=extra, allocates=allocates, ref=pairs_of[:, 0],
-            nbytes=pairs_of[:, 1], named_at=named_at, read_ref=read_ref,
-            read_at=np.repeat(np.arange(n), count),
+            count=n, extra=extra, allocates=allocates, ref=ref, nbytes=nbytes,
+            named_at=named_at, read_ref=read_ref, read_at=read_at,
             keep=np.fromiter(keep, np.int64, len(keep)), offset=self.ref_offset,
             size=self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)))
         if peaked is not None:
             walk.peak_at = f"{phase}:{self._name(sequence[peaked], pairs)}"
         return peaked
+
+    @staticmethod
+    def _positions(at: np.ndarray, copy: np.ndarray, keys: list, sequence, among) -> list:
+        """The steps of ``sequence`` whose key is in ``among``: joint nodes
+        found by numpy (``at``, ``copy`` as _run has them), then those of
+        the _Key steps ``keys``."""
+        ints = [k for k in among if k.__class__ is int]
+        found = np.flatnonzero(np.isin(at, ints) & ~copy).tolist() if ints else []
+        return found + [p for p in keys if sequence[p] in among]
 
 
 def _peaked_before(grown: set, sequence: list, peaked: int | None) -> bool:
