@@ -109,13 +109,23 @@ def is_collective(node: fx.Node) -> bool:
         target.namespace in ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
 
 
-def not_recomputable_reason(node: fx.Node) -> str:
-    """Why this node's value cannot be computed a second time; "" if it can."""
+def not_recomputable_reason(node: fx.Node, known: dict | None = None) -> str:
+    """Why this node's value cannot be computed a second time; "" if it can.
+    ``known``: reasons already read, by op, that the caller keeps for one
+    graph: an op overload's reason depends on the op alone (FX's purity
+    test asks only a higher-order operator's arguments), unless it is
+    random (its generator and device are the call's)."""
     if node.op == "placeholder":
         return "graph input"
     if node.op != "call_function":
         return ""
     target = node.target
+    if known is not None and isinstance(target, torch._ops.OpOverload) \
+            and not is_random_op(target):
+        reason = known.get(target)
+        if reason is None:
+            reason = known[target] = not_recomputable_reason(node)
+        return reason
     if target is operator.getitem and isinstance(node.args[0], fx.Node):
         return not_recomputable_reason(node.args[0])
     if is_collective(node):
@@ -252,16 +262,50 @@ def _partitioner_ops():
 def remat_kind(node: fx.Node) -> RematKind:
     """The op classes torch's min-cut partitioner plans with (its lists of
     views, fusible and recomputable ops; its size measure)."""
+    return RematKinds()(node)
+
+
+class RematKinds:
+    """``remat_kind`` of the nodes of one graph: each value's size read
+    once (as a node's own, then as its readers' argument), each op looked
+    up in the partitioner's lists once, and equal records shared (they are
+    frozen): a 10,000-node graph holds a few dozen ops."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[fx.Node, int] = {}
+        self._classes: dict = {}     # op -> (view, fusible, allowed, fuses_inputs)
+        self._kinds: dict[tuple, RematKind] = {}
+
+    def __call__(self, node: fx.Node) -> RematKind:
+        size = self._size(node)
+        args_size = sum(self._size(a) for a in node.args if isinstance(a, fx.Node))
+        classes = self._classes.get(node.target)
+        if classes is None:
+            classes = self._classes[node.target] = _remat_classes(node)
+        fields = (*classes, node.target is operator.getitem, size * 4 < args_size, size)
+        kind = self._kinds.get(fields)
+        if kind is None:
+            view, fusible, allowed, fuses_inputs, getitem, reduction, size = fields
+            kind = self._kinds[fields] = RematKind(
+                view=view, fusible=fusible, allowed=allowed, fuses_inputs=fuses_inputs,
+                getitem=getitem, reduction=reduction, bytes=size)
+        return kind
+
+    def _size(self, node: fx.Node) -> int:
+        size = self._sizes.get(node)
+        if size is None:
+            size = self._sizes[node] = remat_bytes(node.meta.get("val"))
+        return size
+
+
+def _remat_classes(node: fx.Node) -> tuple[bool, bool, bool, bool]:
+    """(view, fusible, allowed, fuses_inputs) of ``node``'s op (its target
+    alone decides them)."""
     lists = _partitioner_ops()
     target = packet(node) or node.target
     target = _CLASSED_AS.get(getattr(target, "_qualified_op_name", None), target)
-    size = remat_bytes(node.meta.get("val"))
-    args_size = sum(remat_bytes(a.meta.get("val")) for a in node.args if isinstance(a, fx.Node))
-    return RematKind(
-        view=target in lists.view_ops, fusible=target in lists.fusible_ops,
-        allowed=target in lists.recomputable_ops, fuses_inputs=target is aten.cat,
-        getitem=node.target is operator.getitem, reduction=size * 4 < args_size,
-        bytes=size)
+    return (target in lists.view_ops, target in lists.fusible_ops,
+            target in lists.recomputable_ops, target is aten.cat)
 
 
 def remat_bytes(val) -> int:

@@ -75,6 +75,7 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     ids: dict = {}  # storages as numbers (generator states are negative)
     numbered_of: dict[fx.Node, tuple] = {}  # read once: a node's, then as an input
     impure = Impurity()
+    view_arguments: dict = {}  # _schema_view_of's, by op
 
     def numbered(node: fx.Node):
         found = numbered_of.get(node)
@@ -84,7 +85,8 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
         return found
 
     for n in nodes:
-        made = _model_node(n, index, numbered, profile, device, device_of[n], impure)
+        made = _model_node(n, index, numbered, profile, device, device_of[n], impure,
+                           view_arguments)
         if made is None:
             return None
         model_nodes.append(made)
@@ -97,10 +99,11 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
 
 
 def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
-                node_device: str, impure: Impurity):
+                node_device: str, impure: Impurity, view_arguments: dict):
     """The record of ``node``, or None where the model does not cover it.
     ``storages``: its numbered storages; ``node_device``: its device type;
-    ``impure``: its purity, read once per op."""
+    ``impure``: its purity, read once per op; ``view_arguments``:
+    ``_schema_view_of``'s memo."""
     if node.op == "placeholder":
         if node.name.startswith("primals"):
             kind = "primal"
@@ -123,22 +126,23 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     info = profile.nodes.get(node.name)
     random = info is not None and info.is_random
     own = tuple(storages(node))
-    inputs = [storages(a) for a in node.all_input_nodes]
+    input_nodes = node.all_input_nodes
+    inputs = [storages(a) for a in input_nodes]
     # The bytes it makes, and those its inputs hold (memory.allocation).
     made, held = storage_allocation(own, inputs)
+    state_bytes = rng_state_bytes(random_op_device(node)) if random else 0
     return ModelNode(
-        name=node.name, kind=kind, inputs=tuple(index[a] for a in node.all_input_nodes),
+        name=node.name, kind=kind, inputs=tuple(index[a] for a in input_nodes),
         # The profile read the workspace already (the same graph).
         storages=own, workspace=info.workspace if info is not None else workspace_bytes(node),
-        aliases=_aliases(own, inputs, _schema_view_of(node)),
+        aliases=_aliases(own, inputs, _schema_view_of(node, input_nodes, view_arguments)),
         counted=node_device in (device, ""),
         impure=kind == "op" and impure(node),
         side_effect=kind == "op" and impure(node, impure_random=False),
         backward=info is not None and info.phase == BACKWARD,
         getitem=node.target is operator.getitem,
-        state_bytes=rng_state_bytes(random_op_device(node)) if random else 0,
-        state_device_bytes=(rng_state_bytes(random_op_device(node))
-                            if random and device == "cpu" else 0),
+        state_bytes=state_bytes,
+        state_device_bytes=state_bytes if device == "cpu" else 0,
         # memory.grows_memory, allocated_bytes
         grows=kind == "op" and node.op == "call_function" and made > held,
         allocates=kind == "op" and made > 0,
@@ -165,21 +169,35 @@ def _aliases(own: tuple, inputs: list, view_of: int | None = None) -> tuple:
     return aliases
 
 
-def _schema_view_of(node: fx.Node) -> int | None:
-    """Position among ``node.all_input_nodes`` of the input an op with one
-    output returns a view of (by its schema's alias annotations), or None."""
+def _schema_view_of(node: fx.Node, input_nodes: list[fx.Node], known: dict) -> int | None:
+    """Position among ``input_nodes`` (``node.all_input_nodes``) of the
+    input an op with one output returns a view of (by its schema's alias
+    annotations), or None. ``known``: each op's ``_view_arguments``, read
+    once per graph."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or len(target._schema.returns) != 1:
+    if not isinstance(target, torch._ops.OpOverload):
         return None
-    alias = target._schema.returns[0].alias_info
-    if alias is None or alias.is_write:
-        return None
-    for argument, value in zip(target._schema.arguments, node.args):
-        info = argument.alias_info
-        if info is not None and not info.is_write and info.before_set & alias.before_set \
-                and isinstance(value, fx.Node):
-            return node.all_input_nodes.index(value)
+    positions = known.get(target)
+    if positions is None:
+        positions = known[target] = _view_arguments(target)
+    for k in positions:
+        if k < len(node.args) and isinstance(node.args[k], fx.Node):
+            return input_nodes.index(node.args[k])
     return None
+
+
+def _view_arguments(op: torch._ops.OpOverload) -> tuple[int, ...]:
+    """Positions of the arguments the one output of ``op`` may be a view of
+    (read-only alias annotations it shares), in order; () for ops with
+    several outputs or whose output aliases nothing."""
+    if len(op._schema.returns) != 1:
+        return ()
+    alias = op._schema.returns[0].alias_info
+    if alias is None or alias.is_write:
+        return ()
+    return tuple(k for k, argument in enumerate(op._schema.arguments)
+                 if argument.alias_info is not None and not argument.alias_info.is_write
+                 and argument.alias_info.before_set & alias.before_set)
 
 
 def rng_calls_impure() -> tuple[bool, bool]:

@@ -45,14 +45,18 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     backward = tangent_dependent(graph)
     mutated = _mutated_inputs(graph)
     written = _written_inputs(graph)
+    written_or_mutated = mutated | written
     storage_owner: dict[StorageWeakRef, str] = {}
     nodes: dict[str, NodeProfile] = {}
     value_bytes: dict[fx.Node, int] = {}  # tensor_bytes of each value, read once
+    op_fields = _OpFields()
+    reasons: dict = {}  # not_recomputable_reason by op, where the op decides it
     primal_index = 0
     for node in graph.nodes:
         if node.op == "output":
             continue
         val = node.meta.get("val")
+        inputs = node.all_input_nodes
         value_bytes[node] = tensor_bytes(val)
         is_tensor = isinstance(val, torch.Tensor)
         storage, own_bytes = node.name, 0
@@ -68,14 +72,15 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
         if is_input and node.name.startswith("primals"):
             is_static = primal_index in static or _is_parameter_or_buffer(node)
             primal_index += 1
-        not_recomputable = _not_recomputable(node, nodes, mutated | written)
+        not_recomputable = _not_recomputable(node, inputs, nodes, written_or_mutated, reasons)
         flops = _flops(node)
-        moved = 0 if op_kinds.is_view(node) or node.target is operator.getitem \
-            else _bytes_moved(node, value_bytes)
+        fields = op_fields(node)
+        moved = 0 if fields["is_view"] or node.target is operator.getitem \
+            else _bytes_moved(node, inputs, value_bytes)
         nodes[node.name] = NodeProfile(
             name=node.name,
             phase=BACKWARD if node in backward else FORWARD,
-            inputs=tuple(i.name for i in node.all_input_nodes),
+            inputs=tuple(i.name for i in inputs),
             bytes=own_bytes,
             storage=storage,
             flops=flops,
@@ -87,7 +92,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
             device=val.device.type if is_tensor else "",
             is_symbolic=isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)),
             not_recomputable=not_recomputable,
-            **_op_fields(node),
+            **fields,
         )
     flat_outputs = pytree.arg_tree_leaves(*graph.output_node().args)
     fwd_outputs = tuple(n.name for n in flat_outputs[:num_fwd_outputs] if isinstance(n, fx.Node))
@@ -99,28 +104,61 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
                    forward_outputs=fwd_outputs, backward_outputs=bwd_outputs)
 
 
-def _op_fields(node: fx.Node) -> dict:
-    """The NodeProfile fields that classify the node's op and its origin."""
+class _OpFields:
+    """The NodeProfile fields that classify a node's op and its origin, for
+    the nodes of one graph, read once where they repeat: an op overload's
+    classes once per op, a stack trace's source line once per trace, and
+    torch's partitioner's classes by ``RematKinds`` (a 10,000-node graph
+    holds a few dozen ops and traces from a few hundred lines)."""
+
+    def __init__(self) -> None:
+        self._classes: dict = {}
+        self._sources: dict[str, str] = {}
+        self._remat = op_kinds.RematKinds()
+
+    def __call__(self, node: fx.Node) -> dict:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            classes = self._classes.get(target)
+            if classes is None:
+                classes = self._classes[target] = _op_classes(node)
+        else:
+            classes = _op_classes(node)
+        trace = node.meta.get("stack_trace") or ""
+        source = self._sources.get(trace)
+        if source is None:
+            source = self._sources[trace] = op_kinds.source_line(node)
+        return dict(
+            classes,
+            replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
+            if classes["is_random"] else 0,
+            workspace=workspace_bytes(node),
+            source=source,
+            module_path=op_kinds.module_path(node),
+            owner_module_path=op_kinds.owner_module_path(node),
+            at_root=op_kinds.at_root(node),
+            remat=self._remat(node),
+        )
+
+
+def _op_classes(node: fx.Node) -> dict:
+    """The NodeProfile fields of ``node``'s op alone (for an op overload,
+    the same for every node calling it)."""
     return dict(
         op=op_kinds.op_name(node),
         is_view=op_kinds.is_view(node),
         is_pointwise=op_kinds.is_pointwise(node),
         is_random=op_kinds.is_random(node),
-        replay_bytes=rng_state_bytes(op_kinds.random_op_device(node))
-        if op_kinds.is_random(node) else 0,
-        workspace=workspace_bytes(node),
         is_compute_intensive=op_kinds.is_compute_intensive(node),
-        source=op_kinds.source_line(node),
-        module_path=op_kinds.module_path(node),
-        owner_module_path=op_kinds.owner_module_path(node),
-        at_root=op_kinds.at_root(node),
-        remat=op_kinds.remat_kind(node),
     )
 
 
-def _not_recomputable(node: fx.Node, nodes: dict[str, NodeProfile], mutated) -> str:
-    """Why the node cannot run again in backward ("" if it can); ``mutated``
-    are the inputs the step writes, which a recompute would read updated."""
+def _not_recomputable(node: fx.Node, inputs: list[fx.Node], nodes: dict[str, NodeProfile],
+                      mutated, reasons: dict) -> str:
+    """Why the node cannot run again in backward ("" if it can); ``inputs``
+    its input nodes, ``mutated`` the inputs the step writes, which a
+    recompute would read updated; ``reasons``: ops' reasons read so far
+    (ops.not_recomputable_reason's ``known``)."""
     if node.target is operator.getitem and node.args[0].name in nodes:
         parent = node.args[0]
         if op_kinds.returns_state(parent, node.args[1]) and \
@@ -128,8 +166,8 @@ def _not_recomputable(node: fx.Node, nodes: dict[str, NodeProfile], mutated) -> 
             return ("the new value of a running statistic (a recompute would update "
                     "the already updated one)")
         return nodes[parent.name].not_recomputable
-    reason = op_kinds.not_recomputable_reason(node)
-    reads = [i.name for i in node.all_input_nodes
+    reason = op_kinds.not_recomputable_reason(node, reasons)
+    reads = [i.name for i in inputs
              if i in mutated and not op_kinds.reads_only_for_state(node, i)]
     if not reason and reads:
         reason = (f"reads {reads[0]}, an input the step mutates in "
@@ -171,17 +209,19 @@ def tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
     return backward
 
 
-def _bytes_moved(node: fx.Node, value_bytes: dict[fx.Node, int]) -> int:
+def _bytes_moved(node: fx.Node, inputs: list[fx.Node], value_bytes: dict[fx.Node, int]) -> int:
     """Bytes an op reads and writes: its inputs' values and its own
     (``value_bytes``: tensor_bytes of each node's value, inputs first)."""
     if node.op != "call_function":
         return 0
-    return sum(value_bytes[i] for i in node.all_input_nodes) + value_bytes[node]
+    return sum(value_bytes[i] for i in inputs) + value_bytes[node]
 
 
 def _flops(node: fx.Node) -> int:
-    if node.op != "call_function":
-        return 0
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+            or target.overloadpacket not in flop_registry:
+        return 0  # no formula (op_flops' 0), without reading the arguments' values
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
         return op_flops(node.target, args, kwargs, node.meta.get("val"))

@@ -308,17 +308,18 @@ def _blocks(forward, parents, pattern: re.Pattern = _BLOCK) -> np.ndarray:
         for j in inputs:
             users[j].append(i)
     for i in unowned:
-        block[i] = _agreed(block[parents[i]])
+        block[i] = _agreed(block[parents[i]].tolist())
     for i in reversed(unowned):
         if block[i] < 0:
-            block[i] = _agreed(block[users[i]])
+            block[i] = _agreed(block[users[i]].tolist())
     return block
 
 
-def _agreed(blocks: np.ndarray) -> int:
-    """The one block ``blocks`` name (ignoring -1), else -1."""
-    found = np.unique(blocks[blocks >= 0])
-    return int(found[0]) if len(found) == 1 else -1
+def _agreed(blocks: list[int]) -> int:
+    """The one block ``blocks`` name (ignoring -1), else -1 (a set, not
+    np.unique: a few thousand values have a handful of inputs each)."""
+    found = {b for b in blocks if b >= 0}
+    return found.pop() if len(found) == 1 else -1
 
 
 def _unmaterialized(profile: Profile, forward) -> np.ndarray:
