@@ -33,7 +33,6 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.immutable_collections import immutable_dict, immutable_list
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from fxckpt.ops import is_random, packet
@@ -126,11 +125,15 @@ def _mutable_bases(graph: fx.Graph) -> set[fx.Node]:
 
 
 def _storage(node: fx.Node):
+    """What identifies the storage of ``node``'s value (views share it), or
+    None: the storage's address, as StorageWeakRef compares them, without
+    making and freeing a weak reference per node (the graph's values hold
+    their storages alive while the pass runs)."""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return StorageWeakRef(val.untyped_storage())
+        return val.untyped_storage()._cdata
     except NotImplementedError:
         return None
 
@@ -164,7 +167,7 @@ def _keyed(node: fx.Node, env: dict[fx.Node, fx.Node]) -> tuple[tuple, tuple] | 
                 value = value.node
             value = _bits(value)
             out.append((value, type(value)))
-        return tuple(out), str(spec)
+        return tuple(out), spec
     args, kwargs = leaves(node.args), leaves(node.kwargs)
     try:
         digest = hash((args[0], kwargs[0]))
@@ -178,13 +181,15 @@ def _flattened(tree) -> tuple[list, object]:
     them: the structure is ``str`` of pytree's spec, or, for arguments made
     only of tuples, lists, dicts (FX's immutable ones too) and plain leaves
     (nodes, numbers, strings, None, dtypes, devices, layouts, memory
-    formats, symbols), a tuple that tells the same structures apart. Most
-    arguments are the latter, read without ``tree_flatten``, which costs
-    more and leaves a reference cycle per call (its recursive helper) to
-    Python's cyclic collector: ~100,000 objects on a 58-layer GPT. Which
-    form a node gets depends only on its arguments' types, so two nodes
-    whose pytree structures and leaf types are equal get equal structures,
-    and others never do (a tuple is never a ``str``)."""
+    formats, symbols), a tuple that tells the same structures apart (and
+    is compared as it is: not made a string, which costs as much as the
+    rest of the key). Most arguments are the latter, read without
+    ``tree_flatten``, which costs more and leaves a reference cycle per
+    call (its recursive helper) to Python's cyclic collector: ~100,000
+    objects on a 58-layer GPT. Which form a node gets depends only on its
+    arguments' types, so two nodes whose pytree structures and leaf types
+    are equal get equal structures, and others never do (a tuple is never
+    a ``str``)."""
     flat: list = []
     structure = _plain_structure(tree, flat)
     if structure is not None:

@@ -49,9 +49,11 @@ def stage_model(profile: Profile, names, index, size) -> dict:
     fwd_pos = {name: t for t, name in enumerate(names)}
     backward = [node for node in nodes if node.phase == BACKWARD]
     bwd_pos = {node.name: k for k, node in enumerate(backward)}
-    last_fwd = np.arange(n)
-    first_bwd = np.full(n, len(backward))
-    last_bwd = np.full(n, -1)
+    # Python lists while they are filled one element at a time (numpy's
+    # per-element reads and writes cost more), arrays after.
+    last_fwd = list(range(n))
+    first_bwd = [len(backward)] * n
+    last_bwd = [-1] * n
     # A forward-side node the forward outputs do not need (a transpose or
     # detach AOTAutograd makes for backward, placed after the loss) runs in
     # forward only if saved: its reads do not hold its inputs through forward.
@@ -73,14 +75,16 @@ def stage_model(profile: Profile, names, index, size) -> dict:
         last_fwd[i] = n
     # Memory is held per storage: a storage lives from its first alias to the
     # last use of any alias (a view keeps its base alive).
-    owner = np.array([index.get(profile.nodes[name].storage, i) for i, name in enumerate(names)])
-    is_owner = owner == np.arange(n)
-    for i in range(n):
-        o = owner[i]
+    owners = [index.get(profile.nodes[name].storage, i) for i, name in enumerate(names)]
+    for i, o in enumerate(owners):
         if names[i] in runs_in_forward:
             last_fwd[o] = max(last_fwd[o], last_fwd[i])
         last_bwd[o] = max(last_bwd[o], last_bwd[i])
-    last_fwd, last_bwd = last_fwd[owner], last_bwd[owner]
+    owner = np.array(owners, dtype=np.int64)
+    is_owner = owner == np.arange(n)
+    first_bwd = np.array(first_bwd, dtype=np.int64)
+    last_fwd = np.array(last_fwd, dtype=np.int64)[owner]
+    last_bwd = np.array(last_bwd, dtype=np.int64)[owner]
     base_fwd = _live_curve(n, [(t, int(last_fwd[t]), size[t]) for t in range(n) if is_owner[t]])
     base_fwd += np.array([profile.nodes[name].workspace for name in names], dtype=float)
     base_bwd = _backward_base(profile, backward, bwd_pos)
@@ -108,7 +112,7 @@ def stage_model(profile: Profile, names, index, size) -> dict:
         stage_saved=np.array(rows_saved, dtype=float).reshape(shape),
         stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
         lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
-                            tuple(np.unique(np.array(r, dtype=np.int64)) for r in reads),
+                            tuple(np.array(sorted(set(r)), dtype=np.int64) for r in reads),
                             steps=len(backward)))
 
 
