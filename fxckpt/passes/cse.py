@@ -89,12 +89,27 @@ def _never_merged(graph: fx.Graph) -> set[fx.Node]:
     returned = {_storage(n) for n in output.all_input_nodes} - {None}
     kept = _mutable_bases(graph)
     impure = Impurity()
+    kept_ops: dict = {}  # _kept_op of each op overload, read once per op
     for node in graph.nodes:
-        if (node.op != "call_function" or impure(node) or is_random(node)
-                or packet(node) in _RANDOM_PACKETS or packet(node) is aten.empty
-                or _storage(node) in returned or _unbacked(node)):
+        if node.op != "call_function":
+            kept.add(node)
+            continue
+        if isinstance(node.target, torch._ops.OpOverload):
+            by_op = kept_ops.get(node.target)
+            if by_op is None:
+                by_op = kept_ops[node.target] = _kept_op(node, impure)
+        else:
+            by_op = _kept_op(node, impure)
+        if by_op or _storage(node) in returned or _unbacked(node):
             kept.add(node)
     return kept
+
+
+def _kept_op(node: fx.Node, impure: Impurity) -> bool:
+    """Whether the op of call_function ``node`` is never merged: impure,
+    random, or ``aten.empty`` (for an op overload, the op alone decides)."""
+    return (impure(node) or is_random(node) or packet(node) in _RANDOM_PACKETS
+            or packet(node) is aten.empty)
 
 
 def _mutable_bases(graph: fx.Graph) -> set[fx.Node]:

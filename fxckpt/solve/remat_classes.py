@@ -59,17 +59,18 @@ def remat_classes(profile: Profile, index: dict[str, int]) -> RematClasses:
 
     required = _required(profile)
     distance = _distance(nodes, users, required)
+    rules = _Rules.read()
     n = len(index)
     weight, banned = np.zeros(n), np.zeros(n, dtype=bool)
     tag_bans, view = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     for name, i in index.items():
         node, k = profile.nodes[name], kinds[name]
         materialized = node.is_input or not all(fuses(name, u) for u in users[name])
-        weight[i] = _weight(node, k, distance[name], materialized)
+        weight[i] = _weight(node, k, distance[name], materialized, rules)
         called = not node.is_input and node.op != "constant" and not k.getitem
         tag_bans[i] = name in required and called
         banned[i] = node.is_input or (tag_bans[i] and _banned(
-            node, k, _materialized_in_backward(name, kinds, users, required, fuses)))
+            node, k, _materialized_in_backward(name, kinds, users, required, fuses), rules))
         view[i] = k.view
     order = np.full(n, -1)
     ranked = [index[name] for name in profile.nodes if name in required and name in index]
@@ -108,8 +109,29 @@ def _distance(nodes, users, required) -> dict[str, int]:
     return distance
 
 
-def _weight(node: NodeProfile, k: RematKind, distance: int, materialized: bool) -> float:
-    if node.is_static and functorch_config.treat_parameters_as_free_to_save:
+@dataclass(frozen=True)
+class _Rules:
+    """The settings of torch's partitioner the classes follow, read once
+    per graph (each read of torch's config goes through its module's
+    attribute hook: thousands per graph)."""
+
+    parameters_free: bool
+    allowlist: bool
+    materialized_backward: bool
+    reductions: bool
+
+    @staticmethod
+    def read() -> "_Rules":
+        return _Rules(
+            parameters_free=bool(functorch_config.treat_parameters_as_free_to_save),
+            allowlist=bool(functorch_config.ban_recompute_not_in_allowlist),
+            materialized_backward=bool(functorch_config.ban_recompute_materialized_backward),
+            reductions=bool(functorch_config.ban_recompute_reductions))
+
+
+def _weight(node: NodeProfile, k: RematKind, distance: int, materialized: bool,
+            rules: _Rules) -> float:
+    if node.is_static and rules.parameters_free:
         return 0.0
     if node.is_symbolic:
         return float(k.bytes)
@@ -119,16 +141,17 @@ def _weight(node: NodeProfile, k: RematKind, distance: int, materialized: bool) 
     return float(scaled if materialized else 2 * scaled)
 
 
-def _banned(node: NodeProfile, k: RematKind, materialized_in_backward: bool) -> bool:
+def _banned(node: NodeProfile, k: RematKind, materialized_in_backward: bool,
+            rules: _Rules) -> bool:
     """The partitioner's rules that ban recomputing a required value, tags aside."""
-    if functorch_config.ban_recompute_not_in_allowlist:
+    if rules.allowlist:
         if not k.allowed:
             return True
     elif node.is_random or node.is_compute_intensive or not node.recomputable:
         return True
-    if functorch_config.ban_recompute_materialized_backward and materialized_in_backward:
+    if rules.materialized_backward and materialized_in_backward:
         return True
-    return bool(functorch_config.ban_recompute_reductions and k.reduction)
+    return bool(rules.reductions and k.reduction)
 
 
 def _materialized_in_backward(name, kinds, users, required, fuses) -> bool:
