@@ -259,6 +259,26 @@ def _partitioner_ops():
     return get_default_op_list()
 
 
+class PerOp:
+    """``read(node)`` for the nodes of one graph, read once per op overload
+    (where the op alone decides it) and each time for other targets: a
+    10,000-node graph holds a few dozen ops. Made per graph, never kept."""
+
+    def __init__(self, read) -> None:
+        self._read = read
+        self._known: dict = {}
+
+    def __call__(self, node: fx.Node):
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return self._read(node)
+        try:
+            return self._known[target]
+        except KeyError:
+            found = self._known[target] = self._read(node)
+            return found
+
+
 def remat_kind(node: fx.Node) -> RematKind:
     """The op classes torch's min-cut partitioner plans with (its lists of
     views, fusible and recomputable ops; its size measure)."""

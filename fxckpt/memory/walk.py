@@ -150,16 +150,13 @@ class Rows:
         1: the numbers themselves)."""
         ptr = np.zeros(len(rows) + 1, np.int64)
         np.cumsum([len(row) for row in rows], out=ptr[1:])
-        flat = [entry for row in rows for entry in row]
-        if width == 1:
-            return cls(ptr, (np.array(flat, np.int64).reshape(-1),))
-        table = np.array(flat, np.int64).reshape(-1, width)
+        table = np.array([entry for row in rows for entry in row], np.int64).reshape(-1, width)
         return cls(ptr, tuple(table[:, k] for k in range(width)))
 
     def gather(self, rows: np.ndarray, own: dict[int, tuple]) -> tuple[np.ndarray, ...]:
         """The entries of a sequence of steps: step ``p`` has row
         ``rows[p]``, or where ``p`` is in ``own`` the entries ``own[p]``
-        (as ``of`` takes them). Returns each entry's step, then each
+        (as ``of`` takes them; a step whose row is negative must be). Returns each entry's step, then each
         column's entries, in step order. Most steps of a plan's graphs are
         joint nodes with the joint graph's rows: gathered by numpy, the
         rest read one by one."""

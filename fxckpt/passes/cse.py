@@ -35,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils._pytree import tree_flatten
 
-from fxckpt.ops import is_random, packet
+from fxckpt.ops import PerOp, is_random, packet
 from fxckpt.passes.graphs import Impurity, lazy_graph_module
 
 aten = torch.ops.aten
@@ -89,18 +89,10 @@ def _never_merged(graph: fx.Graph) -> set[fx.Node]:
     returned = {_storage(n) for n in output.all_input_nodes} - {None}
     kept = _mutable_bases(graph)
     impure = Impurity()
-    kept_ops: dict = {}  # _kept_op of each op overload, read once per op
+    kept_op = PerOp(lambda node: _kept_op(node, impure))
     for node in graph.nodes:
-        if node.op != "call_function":
-            kept.add(node)
-            continue
-        if isinstance(node.target, torch._ops.OpOverload):
-            by_op = kept_ops.get(node.target)
-            if by_op is None:
-                by_op = kept_ops[node.target] = _kept_op(node, impure)
-        else:
-            by_op = _kept_op(node, impure)
-        if by_op or _storage(node) in returned or _unbacked(node):
+        if node.op != "call_function" or kept_op(node) or _storage(node) in returned \
+                or _unbacked(node):
             kept.add(node)
     return kept
 

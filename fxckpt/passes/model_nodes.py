@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 
 from fxckpt.memory.model import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
                            workspace_bytes)
-from fxckpt.ops import random_op_device
+from fxckpt.ops import PerOp, random_op_device
 from fxckpt.passes.graphs import Impurity
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.types import BACKWARD, Profile
@@ -75,7 +75,7 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
     ids: dict = {}  # storages as numbers (generator states are negative)
     numbered_of: dict[fx.Node, tuple] = {}  # read once: a node's, then as an input
     impure = Impurity()
-    view_arguments: dict = {}  # _schema_view_of's, by op
+    view_arguments = PerOp(lambda node: _view_arguments(node.target))
 
     def numbered(node: fx.Node):
         found = numbered_of.get(node)
@@ -99,11 +99,11 @@ def read_joint(joint: fx.GraphModule, profile: Profile, *, num_fwd_outputs: int
 
 
 def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
-                node_device: str, impure: Impurity, view_arguments: dict):
+                node_device: str, impure: Impurity, view_arguments: PerOp):
     """The record of ``node``, or None where the model does not cover it.
     ``storages``: its numbered storages; ``node_device``: its device type;
     ``impure``: its purity, read once per op; ``view_arguments``:
-    ``_schema_view_of``'s memo."""
+    ``_view_arguments`` of its op, read once per op."""
     if node.op == "placeholder":
         if node.name.startswith("primals"):
             kind = "primal"
@@ -169,18 +169,15 @@ def _aliases(own: tuple, inputs: list, view_of: int | None = None) -> tuple:
     return aliases
 
 
-def _schema_view_of(node: fx.Node, input_nodes: list[fx.Node], known: dict) -> int | None:
+def _schema_view_of(node: fx.Node, input_nodes: list[fx.Node],
+                    view_arguments: PerOp) -> int | None:
     """Position among ``input_nodes`` (``node.all_input_nodes``) of the
     input an op with one output returns a view of (by its schema's alias
-    annotations), or None. ``known``: each op's ``_view_arguments``, read
-    once per graph."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
+    annotations), or None. ``view_arguments``: ``_view_arguments`` of a
+    node's op."""
+    if not isinstance(node.target, torch._ops.OpOverload):
         return None
-    positions = known.get(target)
-    if positions is None:
-        positions = known[target] = _view_arguments(target)
-    for k in positions:
+    for k in view_arguments(node):
         if k < len(node.args) and isinstance(node.args[k], fx.Node):
             return input_nodes.index(node.args[k])
     return None

@@ -112,18 +112,12 @@ class _OpFields:
     holds a few dozen ops and traces from a few hundred lines)."""
 
     def __init__(self) -> None:
-        self._classes: dict = {}
+        self._classes = op_kinds.PerOp(_op_classes)
         self._sources: dict[str, str] = {}
         self._remat = op_kinds.RematKinds()
 
     def __call__(self, node: fx.Node) -> dict:
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload):
-            classes = self._classes.get(target)
-            if classes is None:
-                classes = self._classes[target] = _op_classes(node)
-        else:
-            classes = _op_classes(node)
+        classes = self._classes(node)
         trace = node.meta.get("stack_trace") or ""
         source = self._sources.get(trace)
         if source is None:

@@ -113,14 +113,13 @@ class ScheduleModel:
             for a in dict.fromkeys(node.inputs):
                 self.users[a].append(i)
         # The same for every plan, so read once: each node's backward
-        # readers (those the rewrite points at copies), and the storages
-        # each node reads as the joint graph has it (what _run frees by).
+        # readers (those the rewrite points at copies), and, as rows of
+        # numbers for _run, the storages each node names and those it reads
+        # as the joint graph has it (what _run frees by).
         self.backward_users = [[u for u in users if nodes[u].backward] for users in self.users]
-        self.reads = {i: _reads(node.inputs, self.storages.__getitem__)
-                      for i, node in enumerate(nodes)}
-        # The same as rows of numbers, for _run.
         self.named_rows = Rows.of(self.storages, 2)
-        self.read_rows = Rows.of([self.reads[i] for i in range(len(nodes))], 1)
+        self.read_rows = Rows.of([_reads(node.inputs, self.storages.__getitem__)
+                                  for node in nodes], 1)
         # _copy's storages of copies of nodes making all theirs, by key.
         self.own_fresh: dict = {}
         self.makes_own = [not any(n.aliases) for n in nodes]
