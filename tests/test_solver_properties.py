@@ -514,7 +514,7 @@ def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, po
             plan = solve_fast(problem, budget)
         except Infeasible:
             return
-        rounded = fast._rounded_plans(problem, budget)
+        rounded = fast._rounded_plans(problem, budget, ilp.Relaxations())
     try:
         cut = fast._with_offload(problem, budget, *fast._cut_plan(problem, budget, CutPlans()))
         fits = [c for c in rounded + [cut] if problem.peak(*c) <= budget]
@@ -530,3 +530,43 @@ def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, po
     if fixed is not None:
         assert price(*plan) <= price(*fixed) + 1e-15
 
+
+
+@SETTINGS
+@given(seeds, offload, st.lists(st.floats(min_value=0.0, max_value=1.1), min_size=2, max_size=6),
+       st.integers(min_value=0, max_value=5))
+def test_relaxations_in_series_reach_each_relaxations_optimum(seed, offload, positions,
+                                                               refine_at):
+    """A series of relaxations, each going on from the last's basis (budgets
+    up and down, and a refinement of the problem part way: then a new
+    programme of the same shape starting from that basis), reaches at every
+    budget what solving anew reaches: infeasible exactly when that is, else
+    a point of the same objective that meets every row. The answer itself
+    may differ (another optimal vertex)."""
+    problem = _problem(seed, offload)
+    refined = problem.refined(np.random.default_rng(seed).random(problem.n) < 0.3)
+    top = problem.peak(problem.can_save.astype(bool), np.zeros(problem.n, bool))
+    low = float(problem.stage_base.max())
+    series = ilp.Relaxations()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ilp, "_WARM_REFINED_VALUES", 0)
+        for k, position in enumerate(positions):
+            current = refined if k >= refine_at else problem
+            budget = low + position * (top - low)
+            c, bounds, rows = ilp.relaxation(current, budget)
+            anew = highs.solve(c, bounds, rows, integral=False)
+            try:
+                saved, offloaded = series(current, budget)
+            except Infeasible:
+                assert anew.x is None
+                continue
+            assert anew.x is not None
+            point = series.point
+            np.testing.assert_array_equal(saved, point[:current.n])
+            scale = max(1.0, float(np.abs(c).max()))
+            assert c @ point == pytest.approx(c @ anew.x, rel=1e-7, abs=1e-7 * scale)
+            for constraint in rows:
+                values = constraint.A @ point
+                assert (values >= np.asarray(constraint.lb) - 1e-7).all()
+                assert (values <= np.asarray(constraint.ub) + 1e-7).all()
+            assert (point >= bounds.lb - 1e-7).all() and (point <= bounds.ub + 1e-7).all()

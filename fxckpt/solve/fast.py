@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from fxckpt.solve.cut import min_cut
-from fxckpt.solve.ilp import Infeasible, relaxed_saved, solve_ilp
+from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
 from fxckpt.solve.problem import Problem, computed_in_backward
 
 _BISECTION_STEPS = 24
@@ -76,12 +76,14 @@ _REPAIR_MISSES = 1
 _MISS_WIDTH = 16
 
 
-def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None
+def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None,
+               relaxations: Relaxations | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Plan within ``budget`` under the memory proxy; return (saved,
     recomputed, offloaded). ``cuts``: cut plans found for this problem or a
-    refinement of it before (CutPlans), kept there."""
-    candidates = _rounded_plans(problem, budget)
+    refinement of it before (CutPlans), kept there; ``relaxations``: the
+    series of linear relaxations this solve continues (ilp.Relaxations)."""
+    candidates = _rounded_plans(problem, budget, relaxations or Relaxations())
     if problem.n <= _POLISH_MAX_VALUES:
         try:
             candidates.append(solve_ilp(problem, budget, node_limit=_POLISH_NODES)[:3])
@@ -230,9 +232,9 @@ def _objective_of(problem: Problem):
     return objective
 
 
-def _rounded_plans(problem: Problem, budget: float) -> list:
+def _rounded_plans(problem: Problem, budget: float, relaxations: Relaxations) -> list:
     try:
-        fraction_saved, fraction_offloaded = relaxed_saved(problem, budget)
+        fraction_saved, fraction_offloaded = relaxations(problem, budget)
     except Infeasible:
         return []
     plans = []

@@ -33,7 +33,7 @@ from fxckpt.types import Decision
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
 from fxckpt.solve.fast import CutPlans, solve_fast
-from fxckpt.solve.ilp import Infeasible, solve_ilp
+from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
 
@@ -158,10 +158,14 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     # Cut plans by price, shared by every solve and _cut_plans (all on base
     # or refinements of it).
     cuts = CutPlans()
+    # The fast strategy's linear relaxations, each solve going on from the
+    # last's basis (the same series whatever the budget).
+    relaxations = Relaxations()
 
     def solved(target: float, proxy: Problem | None = None) -> Candidate:
         started = time.perf_counter()
-        saved, recomputed, offloaded, gap = strategy(proxy or problem, target, cuts)
+        saved, recomputed, offloaded, gap = strategy(proxy or problem, target, cuts,
+                                                     relaxations)
         return candidate(to_decision(
             problem, saved, recomputed, offloaded, solver=strategy.__name__,
             seconds=time.perf_counter() - started, gap=gap, budget_bytes=None))
@@ -409,12 +413,12 @@ def _pick(solver: str, problem: Problem):
     return _fast
 
 
-def _ilp(problem, target, cuts):
+def _ilp(problem, target, cuts, relaxations):
     return solve_ilp(problem, target)
 
 
-def _fast(problem, target, cuts):
-    return (*solve_fast(problem, target, cuts), None)
+def _fast(problem, target, cuts, relaxations):
+    return (*solve_fast(problem, target, cuts, relaxations), None)
 
 
 _ilp.__name__, _fast.__name__ = "ilp", "fast"

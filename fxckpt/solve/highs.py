@@ -55,6 +55,41 @@ def solve(c: np.ndarray, bounds: Bounds, constraints: list[LinearConstraint], *,
     return Answer(x, gap, status)
 
 
+class Programme:
+    """One linear programme kept loaded, to be solved again after its
+    variables' bounds change: HiGHS then starts from the last basis (the
+    dual simplex's warm start), where ``solve`` starts from nothing. A
+    programme may also start from another's basis of the same shape
+    (``start_from``): HiGHS repairs what no longer fits."""
+
+    def __init__(self, c: np.ndarray, bounds: Bounds, constraints: list[LinearConstraint]):
+        self._highs = _quiet_highs()
+        self._highs.passModel(_model(c, bounds, constraints, integral=False))
+        self.width = len(c)
+
+    def start_from(self, basis) -> None:
+        if basis is not None:
+            self._highs.setBasis(basis)
+
+    def set_bounds(self, first: int, lower: np.ndarray, upper: np.ndarray) -> None:
+        """Bounds of the variables from ``first`` on."""
+        columns = np.arange(first, first + len(upper), dtype=np.int32)
+        self._highs.changeColsBounds(len(columns), columns, np.asarray(lower, dtype=float),
+                                     np.asarray(upper, dtype=float))
+
+    def solve(self) -> Answer:
+        self._highs.run()
+        info = self._highs.getInfo()
+        status = self._highs.modelStatusToString(self._highs.getModelStatus())
+        if info.primal_solution_status != _FEASIBLE:
+            return Answer(None, None, status)
+        return Answer(np.asarray(self._highs.getSolution().col_value, dtype=float), None, status)
+
+    def basis(self):
+        """The last solve's basis, for another programme of the same shape."""
+        return self._highs.getBasis()
+
+
 def _quiet_highs():
     """A HiGHS instance that writes nothing. highspy.Highs's constructor
     enables its callbacks, which writes HiGHS's banner to stdout before any
