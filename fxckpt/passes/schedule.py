@@ -12,7 +12,8 @@ graph keeps, in which order, which values forward saves, where backward
 runs each clone -- and walks that sequence with memory/model.py's rules
 (storages live from their producer to their last reader, outputs kept,
 views free, graph inputs not counted, workspace counted while its op runs),
-as arrays, by memory/walk.py.
+as arrays, by memory/walk.py. This module replays; the walk is
+passes/schedule_walk.py's (KeyWalk, ScheduleModel's other half).
 
 It covers what the budgeted frontier mostly asks for: plans that save and
 recompute, random recomputes replaying a saved generator state included,
@@ -35,10 +36,10 @@ import numpy as np
 
 import torch.fx as fx
 
-from fxckpt.memory.model import inlined_keys
-from fxckpt.memory.walk import Rows, Steps, Walk, advance
+from fxckpt.memory.walk import Rows, Walk
 from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
-from fxckpt.types import Decision, Profile, copy_recomputed_name, recomputed_name
+from fxckpt.passes.schedule_walk import Key, KeyWalk
+from fxckpt.types import Decision, Profile
 
 
 @dataclass(frozen=True)
@@ -62,24 +63,7 @@ class ModelTimeline:
     held_at_backward: int = 0
 
 
-class _Key:
-    """A node the rewrite adds: a copy of recomputed value ``node``
-    ("clone" the last, "copy" number ``j`` an earlier one) or the generator
-    state forward saves for it ("state"). One object each for the model's
-    life (ScheduleModel.clone_keys, state_keys, _copies_of), hashed and
-    compared by identity: cheaper than tuples in the sets and dicts each
-    plan fills."""
-
-    __slots__ = ("kind", "node", "j")
-
-    def __init__(self, kind: str, node: int, j: int | None) -> None:
-        self.kind, self.node, self.j = kind, node, j
-
-    def __repr__(self) -> str:
-        return f"_Key({self.kind!r}, {self.node}, {self.j})"
-
-
-class ScheduleModel:
+class ScheduleModel(KeyWalk):
     """Built by ``build``; ``peak(decision)`` -> ModelTimeline or None."""
 
     def __init__(self, nodes: list[ModelNode], fwd_outputs: list[int], bwd_outputs: list[int],
@@ -129,8 +113,8 @@ class ScheduleModel:
         self.counted = np.array([n.counted for n in nodes], bool)
         self.ref_offset = len(nodes)  # generator states' references are -1 - node
         self.copy_keys: dict = {}  # _copies_of's earlier copies, by node
-        self.clone_keys = [_Key("clone", i, None) for i in range(len(nodes))]
-        self.state_keys = [_Key("state", i, None) for i in range(len(nodes))]
+        self.clone_keys = [Key("clone", i, None) for i in range(len(nodes))]
+        self.state_keys = [Key("state", i, None) for i in range(len(nodes))]
         # Copies' own storages are numbered after the joint graph's, once
         # for the model's life (_fresh_storages).
         self.fresh_refs: dict = {}  # by (key, position)
@@ -145,12 +129,12 @@ class ScheduleModel:
         # Whether dead-code elimination keeps a replay nobody reads.
         self.replay_impure, self.pair_impure = rng_calls_impure()
 
-    def _copies_of(self, node: int, count: int) -> list[_Key]:
+    def _copies_of(self, node: int, count: int) -> list[Key]:
         """The _Keys of ``count`` copies of ``node``: ("copy", node, j)
         for the earlier ones, the clone last."""
         earlier = self.copy_keys.setdefault(node, [])
         while len(earlier) < count - 1:
-            earlier.append(_Key("copy", node, len(earlier)))
+            earlier.append(Key("copy", node, len(earlier)))
         return [*earlier[:count - 1], self.clone_keys[node]]
 
     def state_bytes(self, decision: Decision) -> dict[str, int]:
@@ -345,7 +329,7 @@ class ScheduleModel:
         valid, kept = set(placeholders), []
         kinds = self.kinds
         for key in order:
-            if key in valid or (key.kind == "state" if key.__class__ is _Key
+            if key in valid or (key.kind == "state" if key.__class__ is Key
                                 else kinds[key] != "op"):
                 continue
             if valid.issuperset(inputs[key]):
@@ -360,7 +344,7 @@ class ScheduleModel:
         elements: dict = {}
         getitem = self.getitem
         for key in kept:
-            if key in needed and (key.node if key.__class__ is _Key else key) in getitem:
+            if key in needed and (key.node if key.__class__ is Key else key) in getitem:
                 for a in inputs[key]:
                     elements.setdefault(a, []).append(key)
 
@@ -406,7 +390,7 @@ class ScheduleModel:
         sequence = []
         for key in kept:
             if key in needed and key not in grown \
-                    and not (key.__class__ is _Key and key.kind != "state"):
+                    and not (key.__class__ is Key and key.kind != "state"):
                 emit(key)
         # The output node runs last and emits what is still waiting (a grown
         # gradient nothing else reads), grown inputs last.
@@ -425,7 +409,7 @@ class ScheduleModel:
         grown: set = set()
         side_effect, pair_impure = self.side_effect, self.pair_impure
         for key in kept:
-            if key.__class__ is _Key or key not in needed:
+            if key.__class__ is Key or key not in needed:
                 continue
             # (_impure(key, False, pairs), inlined)
             if pair_impure if key in pairs else key in side_effect:
@@ -440,159 +424,10 @@ class ScheduleModel:
         keeps, in the edited graph's order), and its outputs (kept to the
         end)."""
         outputs = list(self.fwd_outputs) + saved_used
-        roots = [o.node if o.__class__ is _Key else o for o in outputs]
+        roots = [o.node if o.__class__ is Key else o for o in outputs]
         inputs = {i: self.nodes[i].inputs for i in kept}
         live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
         return [i for i in kept if i in live], outputs
-
-    # --- the walk, as memory/model.py does it ------------------------------------
-
-    def _name(self, key, pairs) -> str:
-        """The node's name in the rewritten graph."""
-        if key.__class__ is _Key:
-            name = self.nodes[key.node].name
-            return copy_recomputed_name(name, key.j) if key.kind == "copy" \
-                else recomputed_name(name)
-        if key in pairs:  # named by FX as the rewrite creates them, in order
-            k = sorted(pairs).index(key)
-            return "run_and_save_rng_state" + (f"_{k}" if k else "")
-        return self.nodes[key].name
-
-    def _kind(self, key) -> str:
-        return "op" if key.__class__ is _Key and key.kind != "state" else \
-            "state" if key.__class__ is _Key else self.nodes[key].kind
-
-    def _impure(self, key, random: bool, pairs: set) -> bool:
-        """Kept by dead-code elimination (``random``: FX's default, random
-        ops kept) or by the backward schedule (random ops dropped). A random
-        op forward replaces by run_and_save_rng_state is pure."""
-        if key.__class__ is _Key:
-            return random and self.nodes[key.node].state_bytes > 0 and self.replay_impure
-        if key in pairs:
-            return self.pair_impure
-        node = self.nodes[key]
-        return node.impure if random else node.side_effect
-
-    def _impure_among(self, keys: list, random: bool, pairs: set) -> list:
-        """The keys ``_impure`` says are kept, in order (sets, not a call
-        per key: most keys are pure)."""
-        ids = self.impure if random else self.side_effect
-        replays = random and self.replay_impure
-        return [k for k in keys
-                if (k.__class__ is _Key and replays and self.nodes[k.node].state_bytes > 0)
-                or (k in pairs and self.pair_impure) or (k in ids and k not in pairs)]
-
-    def _inlined(self, sequence: list, inputs: dict, outputs, pairs: set,
-                 placeholders: set = frozenset()) -> set:
-        """The keys of one graph's ops (``sequence`` without its
-        ``placeholders``, in order) that Inductor computes inside their
-        readers (memory.inlined_keys, as memory/model.py applies it to the
-        rewritten graph), or none unless fused. A random op forward runs as
-        run_and_save_rng_state, and its copies run by run_with_rng_state,
-        are calls of their own, never inlined."""
-        if not self.fused:
-            return set()
-        nodes = self.nodes
-        ops = [k for k in sequence if k not in placeholders]
-        within = set(ops)
-        users: dict = {}
-        for key in ops:
-            for a in inputs.get(key, ()):
-                if a in within:
-                    users.setdefault(a, []).append(key)
-
-        def node_of(key):
-            return nodes[key.node] if key.__class__ is _Key else nodes[key]
-
-        def fuses(key):
-            if key.__class__ is _Key:
-                return key.kind != "state" and node_of(key).fuses and not node_of(key).state_bytes
-            return key not in pairs and nodes[key].fuses
-
-        return inlined_keys(
-            ops, inputs=lambda k: inputs.get(k, ()),
-            users=lambda k: users.get(k, ()), outputs=set(outputs), fuses=fuses,
-            reduction=lambda k: not (k.__class__ is _Key and k.kind == "state")
-            and node_of(k).reduction,
-            op=lambda k: node_of(k).op, cpu=lambda k: node_of(k).cpu)
-
-    def _storages(self, key) -> tuple:
-        """A key's storages: (reference, bytes) each."""
-        if key.__class__ is _Key and key.kind == "state":
-            return ((-1 - key.node, self.nodes[key.node].state_device_bytes),)
-        if key.__class__ is _Key:  # a copy or the clone
-            return self.fresh[key]
-        return self.nodes[key].storages
-
-    def _refs(self, keys) -> set:
-        return {ref for k in keys for ref, _ in self._storages(k)}
-
-    def _allocate(self, key, walk: Walk, extra=(), storages=None) -> None:
-        node = self.nodes[key.node if key.__class__ is _Key else key]
-        if not node.counted:
-            return
-        found = self._storages(key) if storages is None else storages
-        for ref, nbytes in found + tuple(extra):
-            if ref not in walk.live and ref not in walk.not_counted:
-                walk.live[ref] = nbytes
-                walk.total += nbytes
-
-    def _run(self, sequence, reads: dict, keep: set, walk: Walk, phase: str,
-             placeholders: set, pairs: set, inlined: set = frozenset()) -> int | None:
-        """memory/model.py's walk of one graph (memory/walk.py, on arrays);
-        ``reads``: the storages read by each key whose reads are not the
-        joint graph's (``_reads`` of its inputs; a _Key not in it reads
-        none); ``pairs``: random nodes forward runs as
-        run_and_save_rng_state, allocating their generator state;
-        ``inlined``: keys never allocated (fused). Returns the step of
-        ``sequence`` where the peak grew to its new height (None: it did
-        not grow)."""
-        n = len(sequence)
-        if not n:
-            return
-        # Per step: its joint node (a _Key: -1 - its node), what it adds
-        # while it runs, whether it allocates.
-        at = np.fromiter([key if key.__class__ is int else -1 - key.node for key in sequence],
-                         np.int64, n)
-        copy = at < 0
-        node = np.where(copy, -1 - at, at)
-        extra = self.workspace[node] + np.where(copy, self.state_device[node], 0)
-        keys = np.flatnonzero(copy).tolist()
-        if placeholders:
-            extra[self._positions(at, copy, keys, sequence, placeholders)] = 0
-        allocates = self.counted[node]
-        if inlined:
-            allocates &= ~np.fromiter(map(inlined.__contains__, sequence), bool, n)
-        # Storages named and read: the joint graph's rows (memory.walk.Rows)
-        # but for copies and generator states (self.fresh), pairs (their
-        # state besides), and keys whose reads changed.
-        fresh = self.fresh
-        named = {p: fresh[sequence[p]] for p in keys}
-        for p in self._positions(at, copy, (), sequence, pairs):
-            named[p] = self.storages[at[p]] + ((-1 - int(at[p]), self.state_device[at[p]]),)
-        named_at, ref, nbytes = self.named_rows.gather(at, named)
-        read = {p: reads.get(sequence[p], ()) for p in keys}
-        read.update((p, reads[sequence[p]])
-                    for p in self._positions(at, copy, (), sequence, reads))
-        read_at, read_ref = self.read_rows.gather(at, read)
-        peaked = advance(walk, Steps(
-            count=n, extra=extra, allocates=allocates, ref=ref, nbytes=nbytes,
-            named_at=named_at, read_ref=read_ref, read_at=read_at,
-            keep=np.fromiter(keep, np.int64, len(keep)), offset=self.ref_offset,
-            size=self.ref_offset + self.first_fresh_ref + len(self.fresh_refs)))
-        if peaked is not None:
-            walk.peak_at = f"{phase}:{self._name(sequence[peaked], pairs)}"
-        return peaked
-
-    @staticmethod
-    def _positions(at: np.ndarray, copy: np.ndarray, keys: list, sequence, among) -> list:
-        """The steps of ``sequence`` whose key is in ``among``: joint nodes
-        found by numpy (``at``, ``copy`` as _run has them), then those of
-        the _Key steps ``keys``."""
-        ints = [k for k in among if k.__class__ is int]
-        found = np.flatnonzero(np.isin(at, ints) & ~copy).tolist() if ints else []
-        return found + [p for p in keys if sequence[p] in among]
-
 
 def _peaked_before(grown: set, sequence: list, peaked: int | None) -> bool:
     """Whether a walk of ``sequence`` that peaked at its step ``peaked``
