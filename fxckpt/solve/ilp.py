@@ -92,7 +92,7 @@ class Relaxations:
     change, within what the rounding's luck moves: against the plans made
     anew, the same costs in geometric mean over 400 budgets on the compile
     suite's 16- and 32-layer GPTs and the 58-layer one (the worst budget
-    +10 to +21%, the best -3 to -17%). On the 8-layer GPT (799 values),
+    +10 to +21%, the best -0.3 to -8%). On the 8-layer GPT (799 values),
     where a frontier solves more targets and the relaxations weigh less,
     the start is kept to its own problem: across refinements its frontier
     fell against the exact programme's from 20 to 19 of 21 budgets within
