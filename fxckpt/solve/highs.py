@@ -64,12 +64,15 @@ class Programme:
 
     def __init__(self, c: np.ndarray, bounds: Bounds, constraints: list[LinearConstraint]):
         self._highs = _quiet_highs()
-        self._highs.passModel(_model(c, bounds, constraints, integral=False))
-        self.width = len(c)
+        model = _model(c, bounds, constraints, integral=False)
+        self._highs.passModel(model)
+        # (variables, rows): a basis fits programmes of one shape.
+        self.shape = (model.num_col_, model.num_row_)
 
     def start_from(self, basis) -> None:
-        if basis is not None:
-            self._highs.setBasis(basis)
+        """Start the next solve from ``basis``, another programme's of the
+        same ``shape``."""
+        self._highs.setBasis(basis)
 
     def set_bounds(self, first: int, lower: np.ndarray, upper: np.ndarray) -> None:
         """Bounds of the variables from ``first`` on."""

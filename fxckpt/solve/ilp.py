@@ -103,7 +103,7 @@ class Relaxations:
         self._problem: Problem | None = None
         self._programme: highs.Programme | None = None
         self._basis = None
-        self._shape: tuple[int, int] | None = None
+        self._basis_shape: tuple[int, int] | None = None
         # The last answer's whole point: the plan's variables, then the
         # running totals (``relaxation``).
         self.point: np.ndarray | None = None
@@ -114,7 +114,8 @@ class Relaxations:
         if problem is not self._problem:
             self._programme = highs.Programme(*relaxation(problem, budget))
             self._problem = problem
-            if self._shape == (width, stages) and problem.n >= _WARM_REFINED_VALUES:
+            if self._programme.shape == self._basis_shape \
+                    and problem.n >= _WARM_REFINED_VALUES:
                 self._programme.start_from(self._basis)
         else:
             self._programme.set_bounds(width, np.full(stages, -np.inf),
@@ -122,7 +123,7 @@ class Relaxations:
         answer = self._programme.solve()
         if answer.x is None:
             raise Infeasible(answer.message)
-        self._basis, self._shape = self._programme.basis(), (width, stages)
+        self._basis, self._basis_shape = self._programme.basis(), self._programme.shape
         self.point = answer.x
         saved, _, offloaded = _split(problem, answer.x[:width])
         return saved, offloaded
