@@ -2,7 +2,8 @@
 
 Two sources of candidate plans, the cheapest feasible one wins:
 * the ILP's linear relaxation (HiGHS solves it in a fraction of a second even
-  on 10,000-node graphs), rounded at several thresholds: values saved above
+  on 10,000-node graphs; a frontier's solves each go on from the last one's
+  basis, ilp.Relaxations), rounded at several thresholds: values saved above
   the threshold are saved, backward recomputes what it then needs, and
   values it cannot recompute are saved too;
 * for a price per byte ``lam``, the minimum cut with saving weight lam * size
