@@ -109,23 +109,17 @@ def is_collective(node: fx.Node) -> bool:
         target.namespace in ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
 
 
-def not_recomputable_reason(node: fx.Node, known: dict | None = None) -> str:
+def not_recomputable_reason(node: fx.Node) -> str:
     """Why this node's value cannot be computed a second time; "" if it can.
-    ``known``: reasons already read, by op, that the caller keeps for one
-    graph: an op overload's reason depends on the op alone (FX's purity
-    test asks only a higher-order operator's arguments), unless it is
-    random (its generator and device are the call's)."""
+    An op overload's reason depends on the op alone (FX's purity test asks
+    only a higher-order operator's arguments), unless it is random (its
+    generator and device are the call's): ``PerOp(not_recomputable_reason,
+    unless=is_random_op)`` reads it once per op."""
     if node.op == "placeholder":
         return "graph input"
     if node.op != "call_function":
         return ""
     target = node.target
-    if known is not None and isinstance(target, torch._ops.OpOverload) \
-            and not is_random_op(target):
-        reason = known.get(target)
-        if reason is None:
-            reason = known[target] = not_recomputable_reason(node)
-        return reason
     if target is operator.getitem and isinstance(node.args[0], fx.Node):
         return not_recomputable_reason(node.args[0])
     if is_collective(node):
@@ -261,16 +255,19 @@ def _partitioner_ops():
 
 class PerOp:
     """``read(node)`` for the nodes of one graph, read once per op overload
-    (where the op alone decides it) and each time for other targets: a
-    10,000-node graph holds a few dozen ops. Made per graph, never kept."""
+    (where the op alone decides it) and each time for other targets, and
+    for ops ``unless(op)`` says the call decides: a 10,000-node graph holds
+    a few dozen ops. Made per graph, never kept."""
 
-    def __init__(self, read) -> None:
+    def __init__(self, read, unless=None) -> None:
         self._read = read
+        self._unless = unless
         self._known: dict = {}
 
     def __call__(self, node: fx.Node):
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload):
+        if not isinstance(target, torch._ops.OpOverload) \
+                or (self._unless is not None and self._unless(target)):
             return self._read(node)
         try:
             return self._known[target]

@@ -50,7 +50,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
     nodes: dict[str, NodeProfile] = {}
     value_bytes: dict[fx.Node, int] = {}  # tensor_bytes of each value, read once
     op_fields = _OpFields()
-    reasons: dict = {}  # not_recomputable_reason by op, where the op decides it
+    # not_recomputable_reason by op, where the op decides it
+    reasons = op_kinds.PerOp(op_kinds.not_recomputable_reason, unless=op_kinds.is_random_op)
     primal_index = 0
     for node in graph.nodes:
         if node.op == "output":
@@ -148,11 +149,11 @@ def _op_classes(node: fx.Node) -> dict:
 
 
 def _not_recomputable(node: fx.Node, inputs: list[fx.Node], nodes: dict[str, NodeProfile],
-                      mutated, reasons: dict) -> str:
+                      mutated, reasons: op_kinds.PerOp) -> str:
     """Why the node cannot run again in backward ("" if it can); ``inputs``
     its input nodes, ``mutated`` the inputs the step writes, which a
-    recompute would read updated; ``reasons``: ops' reasons read so far
-    (ops.not_recomputable_reason's ``known``)."""
+    recompute would read updated; ``reasons``:
+    ops.not_recomputable_reason, read once per op where the op decides it."""
     if node.target is operator.getitem and node.args[0].name in nodes:
         parent = node.args[0]
         if op_kinds.returns_state(parent, node.args[1]) and \
@@ -160,7 +161,7 @@ def _not_recomputable(node: fx.Node, inputs: list[fx.Node], nodes: dict[str, Nod
             return ("the new value of a running statistic (a recompute would update "
                     "the already updated one)")
         return nodes[parent.name].not_recomputable
-    reason = op_kinds.not_recomputable_reason(node, reasons)
+    reason = reasons(node)
     reads = [i.name for i in inputs
              if i in mutated and not op_kinds.reads_only_for_state(node, i)]
     if not reason and reads:

@@ -45,6 +45,11 @@ def solve(c: np.ndarray, bounds: Bounds, constraints: list[LinearConstraint], *,
     highs.passModel(_model(c, bounds, constraints, integral))
     for name, value in (options or {}).items():
         highs.setOptionValue(name, value)
+    return _run(highs, integral)
+
+
+def _run(highs, integral: bool) -> Answer:
+    """Run HiGHS on the programme it holds; its Answer."""
     highs.run()
     info = highs.getInfo()
     status = highs.modelStatusToString(highs.getModelStatus())
@@ -81,12 +86,7 @@ class Programme:
                                      np.asarray(upper, dtype=float))
 
     def solve(self) -> Answer:
-        self._highs.run()
-        info = self._highs.getInfo()
-        status = self._highs.modelStatusToString(self._highs.getModelStatus())
-        if info.primal_solution_status != _FEASIBLE:
-            return Answer(None, None, status)
-        return Answer(np.asarray(self._highs.getSolution().col_value, dtype=float), None, status)
+        return _run(self._highs, integral=False)
 
     def basis(self):
         """The last solve's basis, for another programme of the same shape."""
