@@ -21,7 +21,7 @@ from fxckpt.solve.frontier import solve_budgeted
 from fxckpt.solve.fast import CutPlans, cut_plan, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
-from fxckpt.solve.problem import build_problem, computed_in_backward
+from fxckpt.solve.problem import build_problem, computed_in_backward, read_in_backward
 
 try:
     from tests.random_graphs import random_profile
@@ -209,13 +209,15 @@ def _weighted_saved(problem, saved):
 def test_unfused_runtime_optimal_recomputes_only_what_costs_nothing_unfused(seed):
     """compiler="eager" (``fuses=False``): the runtime-optimal plan recomputes
     only values that cost nothing, that no reader needs materialised, or
-    that the tags ask to recompute; it saves at least what the fusing plan
-    saves, and no more than saving everything backward reads."""
+    that the tags ask to recompute; it saves at least what the minimum cut
+    with every recompute allowed saves (a Problem without torch's
+    partitioner classes, under Inductor), and no more than saving
+    everything backward reads."""
     problem = _problem(seed)
     rng = np.random.default_rng(seed)
     problem = replace(problem, unmaterialized=rng.random(problem.n) < 0.3)
     unfused = runtime_optimal(problem, fuses=False)
-    fused = runtime_optimal(problem, fuses=True)
+    fused = runtime_optimal(replace(problem, remat=None), fuses=True)
     saved, recomputed = _masks(problem, unfused)
     assert problem.is_feasible(saved, recomputed) == ""
     allowed = ((problem.cost <= 0.0) | problem.unmaterialized | problem.prefer_recompute
@@ -225,6 +227,22 @@ def test_unfused_runtime_optimal_recomputes_only_what_costs_nothing_unfused(seed
     assert _weighted_saved(problem, saved) >= _weighted_saved(problem, fused_saved) - 1e-6
     everything, _ = _masks(problem, BASELINES["save_all"](problem))
     assert problem.size[saved].sum() <= problem.size[everything].sum()
+
+
+@SETTINGS
+@given(seeds)
+def test_inductor_runtime_optimal_recomputes_nothing_torch_bans(seed):
+    """Under Inductor (``fuses=True``) the runtime-optimal plan is torch's
+    partition: runnable, it recomputes no value torch's partitioner bans
+    from recompute (views and what the tags ask aside), and holds no saved
+    value backward does not read."""
+    problem = _problem(seed)
+    saved, recomputed = _masks(problem, runtime_optimal(problem, fuses=True))
+    assert problem.is_feasible(saved, recomputed) == ""
+    asked = problem.prefer_recompute | (~problem.can_save & (problem.size > 0))
+    remat = problem.remat
+    assert not (recomputed & remat.banned & ~remat.view & ~asked).any()
+    assert not (saved & ~read_in_backward(problem, saved)).any()
 
 
 @SETTINGS

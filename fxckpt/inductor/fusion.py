@@ -22,11 +22,20 @@ once), GPT 3,454,592 -> 3,317,320 (recomputed attention probabilities no
 longer made beside their gradient). A fusion that only delays a producer
 whose one reader is the other part (a recomputed dropout mask) is kept:
 the mask is then never stored.
+
+Neither is refused where the plan is torch's own partition (the
+runtime-optimal plan under Inductor, solve/runtime_optimal.py): Inductor
+then compiles what torch.compile compiles, kernel for kernel. A refusal
+changes a kernel's loops, and with them float summation order: on the zoo's
+BatchNorm CNN the two sums of BatchNorm's backward, run in one loop by
+torch, ran in two, and the first convolution's weight gradient differed
+from torch.compile's in the last bit.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 from fxckpt.types import RECOMPUTED_SUFFIX
 
@@ -35,21 +44,23 @@ class RecomputeApart:
     """An Inductor choices handler: the one it wraps, but no horizontal
     fusion of a kernel holding a recomputed op (named by fxckpt's rewrite),
     and no fusion that moves a recomputation where it holds more memory
-    (``moves_recomputation``)."""
+    (``moves_recomputation``); both only while ``applies()`` says so (the
+    plan being compiled is not torch's own partition)."""
 
-    def __init__(self, inner) -> None:
+    def __init__(self, inner, applies: Callable[[], bool] = lambda: True) -> None:
         self._inner = inner
+        self._applies = applies
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def can_fuse(self, scheduler, node1, node2, shared_data_score) -> bool:
-        if moves_recomputation(scheduler, node1, node2):
+        if self._applies() and moves_recomputation(scheduler, node1, node2):
             return False
         return self._inner.can_fuse(scheduler, node1, node2, shared_data_score)
 
     def can_fuse_horizontal(self, scheduler, node1, node2, shared_data_score) -> bool:
-        if holds_recomputed(node1) or holds_recomputed(node2):
+        if self._applies() and (holds_recomputed(node1) or holds_recomputed(node2)):
             return False
         return self._inner.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
 
@@ -108,10 +119,10 @@ def holds_recomputed(scheduler_node) -> bool:
 
 
 @contextlib.contextmanager
-def recompute_apart():
-    """Inductor compiles inside this context refuse horizontal fusion of
-    recomputed ops."""
+def recompute_apart(applies: Callable[[], bool] = lambda: True):
+    """Inductor compiles inside this context refuse the fusions
+    ``RecomputeApart`` refuses, while ``applies()``."""
     from torch._inductor.virtualized import V
 
-    with V.set_choices_handler(RecomputeApart(V.choices)):
+    with V.set_choices_handler(RecomputeApart(V.choices, applies)):
         yield

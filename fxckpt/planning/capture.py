@@ -278,7 +278,7 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
     patches = {"force_non_lazy_backward_lowering": not _symbolic(example_inputs)}
     if uuid is None:
         patches["enable_autograd_cache"] = False
-    with functorch_config.patch(patches), recompute_apart():
+    with functorch_config.patch(patches), recompute_apart(lambda: _refuses_fusions(planner)):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid, scratch),
             "post_grad_custom_post_pass": _post_grad_passes()})
@@ -291,6 +291,13 @@ def _post_grad_passes() -> tuple:
     from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
     return (*get_custom_graph_passes(config.post_grad_custom_post_pass), SplitLateAddmm())
+
+
+def _refuses_fusions(planner) -> bool:
+    """Whether Inductor compiles the plan last made refusing the fusions
+    inductor/fusion.py refuses: not where it is torch's own partition (the
+    runtime-optimal plan), which compiles as torch.compile compiles it."""
+    return not planner.plans or planner.plans[-1].solver != "mincut"
 
 
 def _byte_budget(planner) -> bool:
@@ -363,10 +370,12 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __reduce__(self):
         # Inductor writes its configuration, this object included, into its
         # cache keys: the uuid stands for it, not the Planner's state.
-        # The fusion rules (fxckpt/inductor/fusion.py) are named too: code compiled
-        # without them must not be served for these graphs.
-        return (str, (f"fxckpt partitioner {self._uuid}, recomputed ops apart, "
-                      f"recomputation not moved where it holds more, late addmm split",))
+        # The fusion rules (fxckpt/inductor/fusion.py) the plan last made is
+        # compiled under are named too (Inductor keys each graph after the
+        # partition): code compiled under other rules must not be served.
+        rules = ("recomputed ops apart, recomputation not moved where it holds more"
+                 if _refuses_fusions(self.planner) else "fusions as torch's")
+        return (str, (f"fxckpt partitioner {self._uuid}, {rules}, late addmm split",))
 
 
 def capture_once(model, example_inputs, backend: Callable, *,

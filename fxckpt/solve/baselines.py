@@ -14,7 +14,8 @@ import numpy as np
 from fxckpt.types import Decision
 from fxckpt.solve.cut import min_cut
 from fxckpt.solve.partitioner import partitioner_saved
-from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
+from fxckpt.solve.problem import (Problem, computed_in_backward, read_in_backward,
+                                  to_decision)
 
 
 def save_all(problem: Problem) -> Decision:
@@ -47,7 +48,7 @@ def per_block(problem: Problem) -> Decision:
     must_save = inside & crossing
     must_recompute = inside & ~crossing & problem.can_recompute
     saved = partitioner_saved(problem, must_recompute, must_save)
-    return _decision(problem, saved & _read(problem, saved), "per_block", start)
+    return _decision(problem, saved & read_in_backward(problem, saved), "per_block", start)
 
 
 def lean_blocks(problem: Problem) -> Decision:
@@ -72,7 +73,7 @@ def lean_blocks(problem: Problem) -> Decision:
                           can_recompute=recompute | cheap)
     # Among cuts of equal bytes, recompute no op that costs time.
     saved = min_cut(partitioned, problem.size, problem.replay + (problem.cost > 0))
-    return _decision(problem, saved & _read(problem, saved), "lean_blocks", start)
+    return _decision(problem, saved & read_in_backward(problem, saved), "lean_blocks", start)
 
 
 def _constant(problem: Problem) -> np.ndarray:
@@ -104,7 +105,7 @@ def _segments(problem: Problem, segment: np.ndarray, name: str) -> Decision:
     start = time.perf_counter()
     boundary = ~problem.can_recompute | (segment < 0) | _boundary(problem, segment)
     saved = boundary & problem.can_save
-    return _decision(problem, saved & _read(problem, saved), name, start)
+    return _decision(problem, saved & read_in_backward(problem, saved), name, start)
 
 
 def _boundary(problem: Problem, segment: np.ndarray) -> np.ndarray:
@@ -113,15 +114,6 @@ def _boundary(problem: Problem, segment: np.ndarray) -> np.ndarray:
     for i, parents in enumerate(problem.parents):
         boundary[parents[segment[parents] != segment[i]]] = True
     return boundary
-
-
-def _read(problem: Problem, saved: np.ndarray) -> np.ndarray:
-    """What backward reads under ``saved``, directly or to recompute: saved
-    values outside it are not worth holding."""
-    read = problem.needed.copy()
-    for i in np.flatnonzero(computed_in_backward(problem, saved)):
-        read[problem.parents[i]] = True
-    return read
 
 
 def _decision(problem: Problem, saved: np.ndarray, name: str, start: float) -> Decision:

@@ -283,6 +283,15 @@ def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     return computed[:n] & kept
 
 
+def read_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
+    """What backward reads under ``saved``, directly or to recompute: saved
+    values outside it are not worth holding."""
+    read = problem.needed.copy()
+    for i in np.flatnonzero(computed_in_backward(problem, saved)):
+        read[problem.parents[i]] = True
+    return read
+
+
 def _blocks(forward, parents, pattern: re.Pattern = _BLOCK) -> np.ndarray:
     """The repeated block (layer) of every forward value, -1 for none
     (``pattern``: what of a module path names the block).
