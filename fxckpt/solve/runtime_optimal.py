@@ -11,9 +11,13 @@ kernels: a reduction, a value backward must materialise anyway, a random
 op or a long fusible chain is saved. fxckpt once took the fewest saved
 bytes there instead, recomputing every op but matmuls as if each fused for
 free; on the compile suite's GPT that compiled to more kernels (22 against
-torch's 17 at one layer) and took 1.16-1.25x torch's compile at four
-layers, where torch's partition takes 0.94-1.0x. Plans that save less
-are the budget's to choose, priced.
+torch's 17 at one layer; torch's partition: 16, as fxckpt refills the
+constant ``iota``) and took 1.16-1.24x torch's compile at four layers,
+where torch's partition takes 0.99x (BENCHMARKS.md, stop 41). It peaks
+where torch's default does (there 1,411,592 bytes compiled, against
+1,103,600): plans that save less are a budget's to choose, priced.
+Compiled without fxckpt's fusion refusals (inductor/fusion.py), it runs
+torch.compile's kernels.
 
 Without fusion (``fuses=False``: compiler="eager") each recomputed op is a
 kernel of its own that reads and writes memory: fewest saved bytes
