@@ -208,3 +208,23 @@ def assert_close(a: StepResult, b: StepResult, rtol: float = 1e-5,
         return torch.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
     _compare(a, b, close, check_buffers=check_buffers,
              check_outputs=check_outputs)
+
+
+def torch_saved(monkeypatch, run: Callable[[], Any]) -> set[str]:
+    """The values torch's own min-cut partitioner saves while ``run()``
+    compiles, graph inputs (``primals``) aside: the two captures number
+    lifted parameters differently."""
+    from torch._functorch import partitioners
+
+    chosen: list[str] = []
+    solve = partitioners.solve_min_cut
+
+    def spy(*args, **kwargs):
+        saved, banned = solve(*args, **kwargs)
+        chosen.extend(n.name for n in saved)
+        return saved, banned
+
+    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
+    run()
+    monkeypatch.setattr(partitioners, "solve_min_cut", solve)
+    return {n for n in chosen if not n.startswith("primals")}

@@ -22,8 +22,10 @@ from fxckpt.models import make_model
 
 try:
     from tests.golden_graphs import graphs
+    from tests.harness import torch_saved
 except ImportError:  # pragma: no cover
     from golden_graphs import graphs
+    from harness import torch_saved
 
 RUNTIME_OPTIMAL = {
     # fc1 -> relu -> sin -> fc2 -> tanh -> sum. Backward reads relu's output
@@ -152,8 +154,6 @@ def test_inductor_default_saves_what_torchs_partitioner_saves(name, monkeypatch,
     kernels), but for constant fills Inductor refills in backward (the GPT's
     positions, ``iota``). Inputs aside, as the two captures number the
     lifted parameters differently."""
-    from torch._functorch import partitioners
-
     if name == "gpt":
         model, inputs, loss_fn = make_model("gpt", size="tiny")
     else:
@@ -162,18 +162,9 @@ def test_inductor_default_saves_what_torchs_partitioner_saves(name, monkeypatch,
     backend = fxckpt.backend(compiler="inductor")
     loss_fn(torch.compile(model, backend=backend)(*inputs)).backward()
     ours = {n for plan in backend.plans for n in plan.saved if not n.startswith("primals")}
-    chosen: list[str] = []
-    solve = partitioners.solve_min_cut
-
-    def spy(*args, **kwargs):
-        saved, banned = solve(*args, **kwargs)
-        chosen.extend(n.name for n in saved)
-        return saved, banned
-
-    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
     torch._dynamo.reset()
-    loss_fn(torch.compile(model, backend="inductor")(*inputs)).backward()
-    theirs = {n for n in chosen if not n.startswith("primals")}
+    theirs = torch_saved(monkeypatch, lambda: loss_fn(
+        torch.compile(model, backend="inductor")(*inputs)).backward())
     assert ours == theirs - ({"iota"} if name == "gpt" else set())
     assert ours
 

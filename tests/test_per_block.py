@@ -16,12 +16,12 @@ from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.models import ConvNet, make_model
 
 try:
-    from tests.harness import assert_bitwise_equal, run_step
+    from tests.harness import assert_bitwise_equal, run_step, torch_saved
     from tests.opcount import OpCounter, as_torch_counts
     from tests.zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
     from tests.golden_graphs import graphs as golden_graphs
 except ImportError:  # pragma: no cover
-    from harness import assert_bitwise_equal, run_step
+    from harness import assert_bitwise_equal, run_step, torch_saved
     from opcount import OpCounter, as_torch_counts
     from zoo import make_hf_gpt2, make_hf_llama, make_resnet_inplace
     from golden_graphs import graphs as golden_graphs
@@ -165,20 +165,9 @@ def test_without_blocks_per_block_saves_what_torchs_partitioner_saves(name, monk
     """No repeated block: per_block is torch's min cut alone (its weights,
     bans and choice among equal cuts). Inputs aside, as the two captures
     number the lifted parameters differently."""
-    from torch._functorch import partitioners
-
     model, inputs = golden_graphs()[name]
     gm = torch.fx.symbolic_trace(model)
     plan = fxckpt.explain(gm, *inputs, solver="per_block", compiler="eager")
-    chosen: list[str] = []
-    solve = partitioners.solve_min_cut
-
-    def spy(*args, **kwargs):
-        saved, banned = solve(*args, **kwargs)
-        chosen.extend(n.name for n in saved)
-        return saved, banned
-
-    monkeypatch.setattr(partitioners, "solve_min_cut", spy)
-    torch.compile(gm, backend="aot_eager")(*inputs).backward()
-    ours = {n for n in plan.saved if not n.startswith("primals")}
-    assert ours == {n for n in chosen if not n.startswith("primals")}
+    theirs = torch_saved(monkeypatch,
+                         lambda: torch.compile(gm, backend="aot_eager")(*inputs).backward())
+    assert {n for n in plan.saved if not n.startswith("primals")} == theirs
