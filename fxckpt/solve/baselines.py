@@ -47,8 +47,8 @@ def per_block(problem: Problem) -> Decision:
             crossing[inner[problem.block[inner] < problem.block[i]]] = True
     must_save = inside & crossing
     must_recompute = inside & ~crossing & problem.can_recompute
-    saved = partitioner_saved(problem, must_recompute, must_save)
-    return _decision(problem, saved & read_in_backward(problem, saved), "per_block", start)
+    return _decision(problem, partitioner_saved(problem, must_recompute, must_save),
+                     "per_block", start)
 
 
 def lean_blocks(problem: Problem) -> Decision:

@@ -19,15 +19,15 @@ from dataclasses import replace
 import numpy as np
 
 from fxckpt.solve.cut import min_cut
-from fxckpt.solve.problem import Problem
+from fxckpt.solve.problem import Problem, read_in_backward
 
 _LONG_CHAIN = 100   # fusible ops in a row after which the chain's end is banned
 
 
 def partitioner_saved(problem: Problem, must_recompute: np.ndarray,
                       must_save: np.ndarray) -> np.ndarray:
-    """The mask of values torch's partitioner saves (before dropping those
-    backward does not read)."""
+    """The mask of values torch's partitioner saves and backward reads
+    (torch's extraction drops the others)."""
     remat = problem.remat
     if remat is None:
         raise ValueError("the Problem carries no partitioner classes (build_problem makes them)")
@@ -42,7 +42,8 @@ def partitioner_saved(problem: Problem, must_recompute: np.ndarray,
                       can_recompute=problem.can_recompute & ~banned,
                       needed=problem.needed | must_recompute)
     weight = np.where(np.isfinite(remat.weight), remat.weight, 0.0)
-    return min_cut(network, weight, np.zeros(problem.n), side="sink")
+    saved = min_cut(network, weight, np.zeros(problem.n), side="sink")
+    return saved & read_in_backward(problem, saved)
 
 
 def _ban_used_far_apart(remat, banned: np.ndarray, allowed: np.ndarray) -> np.ndarray:

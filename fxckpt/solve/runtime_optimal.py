@@ -48,8 +48,7 @@ from fxckpt.errors import PolicyError
 from fxckpt.types import Decision
 from fxckpt.solve.cut import NoFiniteCut, min_cut
 from fxckpt.solve.partitioner import partitioner_saved
-from fxckpt.solve.problem import (Problem, computed_in_backward, read_in_backward,
-                                  to_decision)
+from fxckpt.solve.problem import Problem, computed_in_backward, to_decision
 
 _PREFER_RECOMPUTE_PENALTY = 1.001
 
@@ -62,7 +61,6 @@ def runtime_optimal(problem: Problem, *, fuses: bool = True) -> Decision:
     try:
         if fuses and problem.remat is not None:
             saved = partitioner_saved(problem, asked, problem.hint_save | problem.prefer_save)
-            saved &= read_in_backward(problem, saved)
         else:
             saved = _fewest_bytes(problem, asked, fuses)
     except NoFiniteCut:
