@@ -52,7 +52,7 @@ def _floor(problem, solver):
 
 
 @SETTINGS
-@given(seeds, st.sampled_from(["ilp", "fast"]))
+@given(seeds, st.sampled_from(["ilp", "fast", "auto"]))
 def test_floor_is_at_most_every_reference_strategy(seed, solver):
     profile, tags = random_profile(seed)
     problem = build_problem(profile, tags)

@@ -59,7 +59,7 @@ def _cost_at(frontier, budget):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast"]),
+@given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast", "auto"]),
        st.booleans())
 def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
     profile, tags = random_profile(seed, offload=offload)

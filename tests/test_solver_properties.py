@@ -128,7 +128,7 @@ def _proxy_evaluate(problem):
 
 
 @SETTINGS
-@given(seeds, st.sampled_from(["ilp", "fast"]), offload)
+@given(seeds, st.sampled_from(["ilp", "fast", "auto"]), offload)
 def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver, offload):
     problem = _problem(seed, offload)
     evaluate = _proxy_evaluate(problem)
