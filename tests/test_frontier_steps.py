@@ -4,7 +4,8 @@ the next one up, its plan filled to a peak between the two joins the
 frontier, so a budget inside the step pays less. Checked on random graphs
 (the proxy as the exact model: never costlier at any budget, every plan
 runnable) and on the zoo GPT (filled plans reach the frontier, and one
-trains bitwise equal to eager)."""
+trains bitwise equal to eager); on it and a tiny HF Llama the floor is
+the floor without them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 import fxckpt
 from fxckpt.bench.ways import Step
+from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
 from fxckpt.solve.frontier import pareto_frontier
 from fxckpt.solve.problem import build_problem
@@ -99,3 +101,18 @@ def test_a_budget_inside_a_steep_step_gets_a_filled_plan_that_trains_bitwise(res
     assert [plan.solver for plan in backend.plans] == ["fill"]
     assert backend.plans[0].peak_bytes <= chosen.peak_bytes
     assert_bitwise_equal(ours, reference)
+
+
+@pytest.mark.parametrize("name", ["gpt", "hf_llama"])
+def test_filled_steps_leave_the_floor_where_it_was(name, reset_dynamo):
+    """Recomputing again starts from the lowest plans; a filled plan peaks
+    about as low as the plan it fills and costs less, and must not take
+    its place there (on the tiny HF Llama the floor rose from 110,280 to
+    118,216 bytes when it did)."""
+    model, inputs, loss_fn = make_bench_model(name, size="tiny")
+    with_fills = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(frontier_module, "_STEP_FILLS", 0)
+        plain = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
+    assert with_fills.floor_bytes == plain.floor_bytes
+    assert with_fills.frontier[0].solver.endswith("+again")
