@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,10 +28,10 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import random_profile
+    from tests.random_graphs import proxy_evaluate, random_profile
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import random_profile
+    from random_graphs import proxy_evaluate, random_profile
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
 
@@ -41,16 +40,8 @@ def _masks(problem, names):
     return np.array([n in names for n in problem.names])
 
 
-def _proxy_evaluate(problem):
-    def evaluate(decision):
-        peak = problem.peak(_masks(problem, decision.saved), _masks(problem, decision.recomputed),
-                            _masks(problem, decision.offloaded))
-        return None, SimpleNamespace(peak_bytes=int(np.ceil(peak)), peak_at="x")
-    return evaluate
-
-
 def _frontier(problem, solver):
-    evaluate = _proxy_evaluate(problem)
+    evaluate = proxy_evaluate(problem)
     optimal = runtime_optimal(problem)
     return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)))
 

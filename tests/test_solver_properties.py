@@ -7,7 +7,6 @@ recompute plus transfer time, at a random bandwidth)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,9 +23,9 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.solve.problem import build_problem, computed_in_backward, read_in_backward
 
 try:
-    from tests.random_graphs import random_profile
+    from tests.random_graphs import proxy_evaluate, random_profile
 except ImportError:  # pragma: no cover
-    from random_graphs import random_profile
+    from random_graphs import proxy_evaluate, random_profile
 
 SETTINGS = settings(max_examples=25, deadline=None)
 seeds = st.integers(min_value=0, max_value=10_000)
@@ -118,20 +117,11 @@ def test_ilp_cost_never_increases_when_the_budget_grows(seed, offload):
     assert all(b <= a + tol for a, b in zip(costs, costs[1:])), costs
 
 
-def _proxy_evaluate(problem):
-    """An evaluate() whose exact model is the proxy itself, so the budgeted
-    driver can be checked without graphs."""
-    def evaluate(decision):
-        peak = problem.peak(*_masks(problem, decision), _offloaded(problem, decision))
-        return None, SimpleNamespace(peak_bytes=int(np.ceil(peak)), peak_at="x")
-    return evaluate
-
-
 @SETTINGS
 @given(seeds, st.sampled_from(["ilp", "fast", "auto"]), offload)
 def test_budgeted_driver_is_monotone_and_honours_or_refuses(seed, solver, offload):
     problem = _problem(seed, offload)
-    evaluate = _proxy_evaluate(problem)
+    evaluate = proxy_evaluate(problem)
     optimal = runtime_optimal(problem)
     runtime = (optimal, *evaluate(optimal))
     results = []
