@@ -5,7 +5,15 @@ frontier, so a budget inside the step pays less. Checked on random graphs
 (the proxy as the exact model: never costlier at any budget, every plan
 runnable) and on the zoo GPT (filled plans reach the frontier, and one
 trains bitwise equal to eager); on it and a tiny HF Llama the floor is
-the floor without them."""
+the floor without them.
+
+A budget inside a step then takes the step's lower plan filled towards the
+plan above (``step_fills``, a fixed few per step): on random graphs the
+plans a budget gets are the last that fit of the frontier with those
+fills, which is again a frontier (so cost and peak stay monotone in the
+budget) and never costlier than the frontier alone; on the zoo GPT such a
+plan is what the backend runs at its peak, cheaper than the frontier's,
+and trains bitwise equal to eager."""
 
 from __future__ import annotations
 
@@ -19,10 +27,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxckpt
+from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
-from fxckpt.solve.frontier import pareto_frontier
+from fxckpt.solve.frontier import pareto_frontier, solve_budgeted, step_fills
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
@@ -107,3 +116,65 @@ def test_filled_steps_leave_the_floor_where_it_was(name, reset_dynamo):
         plain = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
     assert with_fills.floor_bytes == plain.floor_bytes
     assert with_fills.frontier[0].solver.endswith("+again")
+
+
+def _key(decision):
+    return decision.saved, decision.recomputed, decision.offloaded, decision.again
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast", "auto"]),
+       st.booleans())
+def test_a_budget_inside_a_step_takes_the_last_fitting_plan_of_the_filled_frontier(
+        seed, solver, offload):
+    profile, tags = random_profile(seed, offload=offload)
+    problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
+    evaluate = proxy_evaluate(problem)
+    optimal = runtime_optimal(problem)
+    started_from = (optimal, *evaluate(optimal))
+    frontier = pareto_frontier(problem, evaluate, solver, started_from)
+    extended = sorted(frontier + [c for lower, upper in zip(frontier, frontier[1:])
+                                  for c in step_fills(problem, evaluate, lower, upper)],
+                      key=lambda c: c.peak)
+    peaks, costs = [c.peak for c in extended], [c.cost for c in extended]
+    assert all(a < b for a, b in zip(peaks, peaks[1:]))
+    assert all(a > b for a, b in zip(costs, costs[1:]))
+    budgets = sorted({p + d for p in peaks for d in (0, 1)} |
+                     {(a + b) // 2 for a, b in zip(peaks, peaks[1:])})
+    for budget in budgets:
+        decision, _, timeline = solve_budgeted(problem, evaluate, budget, solver,
+                                               runtime_optimal=started_from,
+                                               frontier=frontier)
+        last = [c for c in extended if c.peak <= budget][-1]
+        assert _key(decision) == _key(last.decision)
+        assert timeline.peak_bytes == last.peak <= budget
+        assert last.cost <= _cost_at(frontier, budget) + 1e-15
+    for plan in frontier:
+        decision, _, _ = solve_budgeted(problem, evaluate, plan.peak, solver,
+                                        runtime_optimal=started_from, frontier=frontier)
+        assert _key(decision) == _key(plan.decision)
+
+
+def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(reset_dynamo):
+    # The compile suite's GPT at 2 layers: the tiny zoo GPT's steps are one
+    # value wide, with nothing to fill between.
+    step, inputs = gpt_step(2)
+    sweep = fxckpt.pareto(step, *inputs, compiler="eager")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(frontier_module, "_AIM_LEVELS", ())
+        plain = fxckpt.pareto(step, *inputs, compiler="eager")
+    known = {p.fingerprint for p in plain.frontier}
+    inside = [p for p in sweep.frontier if p.fingerprint not in known]
+    assert inside and all(p.solver == "fill" for p in inside)
+    # The one a budget gains most on against the frontier alone.
+    gain, chosen = max(
+        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
+         / p.recompute_cost, p.peak_bytes, p) for p in inside)[::2]
+    assert gain > 1.0
+
+    backend = fxckpt.backend(compiler="eager", budget=chosen.peak_bytes)
+    compiled = torch.compile(copy.deepcopy(step), backend=backend)
+    ours = run_step(compiled, inputs, lambda loss: loss)
+    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
+    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
+    assert_bitwise_equal(ours, reference)

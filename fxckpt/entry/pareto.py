@@ -1,8 +1,9 @@
 """fxckpt.pareto: what each memory budget costs, from one capture.
 
 The budget only selects among a fixed set of plans: solve/frontier.py builds
-the graph's peak / recompute-cost frontier without looking at the budget,
-then takes the cheapest frontier plan that fits. So a sweep captures the
+the graph's peak / recompute-cost frontier, and a few plans filled inside
+each of its steps, without looking at the budget, then takes the cheapest
+of them that fits. So a sweep captures the
 joint graph once, plans the frontier once (pipeline.FrontierPlanner), and
 reads every budget off it: twenty budgets cost one compile, not twenty, and
 each row is the plan ``fxckpt.backend(budget=...)`` would choose.

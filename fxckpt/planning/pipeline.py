@@ -43,7 +43,7 @@ from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.report.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
 from fxckpt.solve.frontier import (Evaluate, NoPlanFits, pareto_frontier,
-                                   solve_budgeted)
+                                   solve_budgeted, step_fills)
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -321,9 +321,10 @@ class Planner:
 class Frontier:
     """Every plan a budget can select for one graph (see fxckpt.pareto).
 
-    ``plans`` are the frontier of solve/frontier.py, lowest peak first, each
-    recomputing strictly less than the one before; ``runtime_optimal`` is the
-    plan without a budget."""
+    ``plans`` are the frontier of solve/frontier.py with the plans filled
+    inside its steps (``step_fills``), lowest peak first, each recomputing
+    strictly less than the one before; ``runtime_optimal`` is the plan
+    without a budget."""
 
     runtime_optimal: Plan
     plans: tuple[Plan, ...]
@@ -366,6 +367,10 @@ class FrontierPlanner(Planner):
             candidates = pareto_frontier(problem, evaluate, self.options.solver,
                                          (optimal, rewritten, timeline),
                                          again_from_seeds=self.options.compiler == "eager")
+            # What a budget inside each step gets besides the step's lower plan.
+            candidates = sorted(candidates + [
+                c for lower, upper in zip(candidates, candidates[1:])
+                for c in step_fills(problem, evaluate, lower, upper)], key=lambda c: c.peak)
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
                                    clock=clock, graph_id=graph_id) for c in candidates)
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))
@@ -485,7 +490,7 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
                           for c in frontier))
     try:
         decision, rewritten, timeline = solve_budgeted(
-            problem, evaluate, budget, options.solver,
+            problem, estimate, budget, options.solver,
             runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
     except NoPlanFits as no_fit:
         floor = no_fit.floor
