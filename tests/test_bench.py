@@ -135,7 +135,8 @@ def test_verdicts_compare_peak_and_recompute_cost():
 def test_solver_suite_reports_nodes_times_and_cost_gaps():
     progress = bench.Progress(None)
     result = bench_solvers.run_solvers(n_layer=2, models=("mlp",), size="tiny",
-                                       compile_gpt_layers=1, progress=progress)
+                                       compile_gpt_layers=1, hf_models=("hf_gpt2",),
+                                       progress=progress)
     large = result["large"]
     assert large["joint_nodes"] > large["forward_values"] > 0
     assert large["solve_seconds"] >= 0 and large["predicted_peak_bytes"] <= large["budget_bytes"]
@@ -151,6 +152,9 @@ def test_solver_suite_reports_nodes_times_and_cost_gaps():
     markdown = bench_solvers.solvers_markdown(result)
     assert "fast vs ILP over the zoo's" in markdown
     assert "fast vs ILP over the compile suite's GPT's" in markdown
+    (hf,) = result["hf"]
+    assert [b["position"] for b in hf["budgets"]] == list(bench_solvers.FINE_POSITIONS)
+    assert "fast vs ILP over hf_gpt2 (tiny)'s" in markdown
 
 
 def _frames_compiled() -> int:

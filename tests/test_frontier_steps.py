@@ -161,7 +161,7 @@ def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(res
     step, inputs = gpt_step(2)
     sweep = fxckpt.pareto(step, *inputs, compiler="eager")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frontier_module, "_AIM_LEVELS", ())
+        patch.setattr(frontier_module, "_AIM_LEVELS", 0)
         plain = fxckpt.pareto(step, *inputs, compiler="eager")
     known = {p.fingerprint for p in plain.frontier}
     inside = [p for p in sweep.frontier if p.fingerprint not in known]

@@ -74,7 +74,9 @@ def _run_solvers(args: argparse.Namespace, command: str) -> int:
         result = bench_solvers.run_solvers(
             n_layer=layers, models=tuple(args.model or MODEL_NAMES),
             size=args.size or ("tiny" if args.quick else "small"),
-            compile_gpt_layers=2 if args.quick else 8, progress=Progress(sys.stderr))
+            compile_gpt_layers=2 if args.quick else 8,
+            hf_models=() if args.quick else ("hf_llama", "hf_gpt2"),
+            progress=Progress(sys.stderr))
     result.update(command=command, machine=machine(args.threads))
     return _write_suite(args.out, "solvers", result, bench_solvers.solvers_markdown(result))
 

@@ -174,14 +174,25 @@ def _gap(fast: float | None, ilp: float | None) -> float | None:
 
 
 def run_solvers(*, n_layer: int, models=("gpt", "cnn", "mlp"), size: str = "small",
-                budget: float = 0.8, compile_gpt_layers: int | None = 8, progress) -> dict:
+                budget: float = 0.8, compile_gpt_layers: int | None = 8,
+                hf_models=(), progress) -> dict:
     """``compile_gpt_layers``: the compile suite's GPT at that many layers is
-    compared at every 5% of the way too (None: not)."""
-    progress.start("solvers", 2 + 3 * len(models) + 3 * (compile_gpt_layers is not None))
+    compared at every 5% of the way too (None: not); so are ``hf_models``
+    (zoo names of Hugging Face models), built from tiny configs."""
+    progress.start("solvers", 2 + 3 * len(models) + 3 * (compile_gpt_layers is not None)
+                   + 3 * len(hf_models))
     return {"large": large_graph(n_layer, budget=budget, progress=progress),
             "zoo": [zoo_graph(name, size, progress) for name in models],
             "compile_gpt": (compile_gpt_graph(compile_gpt_layers, progress)
-                            if compile_gpt_layers is not None else None)}
+                            if compile_gpt_layers is not None else None),
+            "hf": [hf_graph(name, progress) for name in hf_models]}
+
+
+def hf_graph(name: str, progress) -> dict:
+    """The comparison at ``FINE_POSITIONS`` on a Hugging Face model from a
+    tiny config (no weights): a graph the solvers were not tuned on."""
+    model, inputs, loss_fn = make_bench_model(name, size="tiny")
+    return compared_graph(name, "tiny", Step(model, loss_fn), inputs, FINE_POSITIONS, progress)
 
 
 def solvers_markdown(result: dict) -> str:
@@ -194,7 +205,8 @@ def solvers_markdown(result: dict) -> str:
              "`@p`: a budget p of the way from the ILP's floor to the runtime-optimal peak.",
              "", "| graph | nodes | ILP frontier s | fast frontier s | budget | ILP cost ms "
              "| fast cost ms | fast vs ILP |", "|---|---|---|---|---|---|---|---|"]
-    compared = result["zoo"] + ([result["compile_gpt"]] if result.get("compile_gpt") else [])
+    compared = result["zoo"] + ([result["compile_gpt"]] if result.get("compile_gpt") else []) \
+        + result.get("hf", [])
     for z in compared:
         for b in z["budgets"]:
             lines.append("| " + " | ".join((
@@ -204,7 +216,8 @@ def solvers_markdown(result: dict) -> str:
                 _ms(b["fast_recompute_cost"]),
                 "-" if b["fast_over_ilp"] is None else f"{b['fast_over_ilp']:+.1%}")) + " |")
     for label, graphs in (("the zoo's", result["zoo"]),
-                          ("the compile suite's GPT's", [result.get("compile_gpt")])):
+                          ("the compile suite's GPT's", [result.get("compile_gpt")]),
+                          *((f"{z['model']} ({z['size']})'s", [z]) for z in result.get("hf", []))):
         gaps = [b["fast_over_ilp"] for z in graphs if z for b in z["budgets"]
                 if b["fast_over_ilp"] is not None]
         if gaps:

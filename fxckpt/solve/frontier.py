@@ -95,8 +95,12 @@ _STEP_WORK = 6_400
 # more. On the compile suite's 8-layer GPT, over 41 budgets from the floor
 # to the runtime-optimal peak, the plans cost 0.97x those of the frontier
 # alone (geometric mean; at best 0.83x), with the ILP and the fast solver
-# alike; 4 or 6 levels did no better than these 3.
-_AIM_LEVELS = (0.25, 0.5, 0.75)
+# alike; 4 or 6 levels did no better than these 3. Each level is a fill
+# and a simulation in proportion to the graph: fewer on large graphs (3 up
+# to 2,133 forward values, 1 from 3,200 to 6,400, where on the 58-layer GPT
+# (5,599 values) one level took 0.12 s, three 0.35 s).
+_AIM_LEVELS = 3
+_AIM_WORK = 6_400
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
@@ -397,7 +401,7 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
     """The plans a budget inside the step from ``lower`` to ``upper``
     (neighbours on the frontier, ``upper`` the cheaper) can take besides
     ``lower``: ``lower`` filled (fast.fill) to the proxy's peaks at
-    ``_AIM_LEVELS`` of the way to ``upper``'s, each evaluated. Kept are
+    ``_aim_levels`` of the way to ``upper``'s, each evaluated. Kept are
     those peaking strictly between the two and costing strictly between
     them, not beaten by another: lowest peak first, each cheaper than the
     one before. Together with the frontier they are again a frontier, and a
@@ -410,17 +414,25 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
     low, high = problem.peak(*start), problem.peak(*_masks(problem, upper.decision))
     if high <= low:
         return []
-    made: dict[tuple, Candidate] = {}
-    for level in _AIM_LEVELS:
+    made: dict[tuple, Candidate | None] = {_plan_key(lower.decision): None,
+                                           _plan_key(upper.decision): None}
+    for level in _aim_levels(problem):
         saved, recomputed, offloaded = fill(problem, low + (high - low) * level, *start)
         decision = to_decision(problem, saved, recomputed, offloaded, solver="fill",
                                seconds=0.0, gap=None, budget_bytes=None)
         if _plan_key(decision) not in made:
             made[_plan_key(decision)] = Candidate(decision, *evaluate(decision),
                                                   _cost(problem, decision))
-    inside = [c for c in made.values() if lower.peak < c.peak < upper.peak
+    inside = [c for c in made.values() if c is not None and lower.peak < c.peak < upper.peak
               and upper.cost < c.cost < lower.cost]
     return _non_dominated(inside)
+
+
+def _aim_levels(problem: Problem) -> list[float]:
+    """Fractions of a step's way up that ``step_fills`` fills to, evenly
+    spaced: ``_AIM_LEVELS`` of them, fewer on large graphs."""
+    count = max(0, min(_AIM_LEVELS, _AIM_WORK // max(problem.n, 1)))
+    return [(k + 1) / (count + 1) for k in range(count)]
 
 
 def _masks(problem: Problem, decision: Decision) -> tuple[np.ndarray, ...]:
