@@ -33,6 +33,8 @@ recompute, costs its transfer).
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from fxckpt.solve.cut import min_cut
@@ -44,6 +46,9 @@ _FILL_CANDIDATES = 64
 # Releasing moves weighed per round (``_released``): one per op with several
 # outputs backward recomputes, hundreds on deep models.
 _RELEASE_CANDIDATES = 16
+# Values free to recompute whose saving spares a costly chain, weighed per
+# round besides the costly values (``_chain_ends``).
+_END_CANDIDATES = 4
 _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
 # Moves taken in one round of the fill, at most (``_batched``).
@@ -429,11 +434,13 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
     if releasing:
         candidates = _released(problem, recomputed)
     else:
-        candidates = [(i, (i,)) for i in np.flatnonzero(recomputed & problem.can_save
-                                                        & ~problem.prefer_recompute)
-                      if problem.cost[i] > 0]
+        movable = recomputed & problem.can_save & ~problem.prefer_recompute
+        candidates = [(i, (i,)) for i in np.flatnonzero(movable & (problem.cost > 0))]
     candidates.sort(key=lambda c: -problem.cost[c[0]] / (problem.size[list(c[1])].sum() + 1.0))
-    for _, members in candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]:
+    candidates = candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]
+    if not releasing:
+        candidates += _chain_ends(problem, recomputed, movable)
+    for _, members in candidates:
         trial = saved.copy()
         trial[list(members)] = True
         trial_recomputed = computed_in_backward(problem, trial)
@@ -452,6 +459,38 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
         kept = offloaded.copy()
         kept[i] = False
         yield (), (saved, recomputed, kept)
+
+
+def _chain_ends(problem: Problem, recomputed: np.ndarray, movable: np.ndarray
+                ) -> list[tuple[int, tuple]]:
+    """(i, (i,)) for values that cost nothing to recompute (views, ops the
+    profile prices at 0) but that backward reads, where saving one spares
+    costly recompute: the recomputed values only it needs, up the chain it
+    is made from (tiny HF GPT-2: a free ``mul`` whose recompute recomputes
+    the MLP's matmul behind it, which the exact programme saves instead).
+    Their own cost would never rank them. At most ``_END_CANDIDATES``, the
+    most recompute spared per byte first."""
+    indptr, indices = problem.reader_lists
+    found = []
+    for i in np.flatnonzero(movable & (problem.cost <= 0) & problem.needed):
+        spared, only = 0.0, {int(i)}
+        waiting = [-int(p) for p in problem.parents[i] if recomputed[p]]
+        heapq.heapify(waiting)
+        while waiting:
+            p = -heapq.heappop(waiting)
+            if p in only or problem.needed[p]:
+                continue
+            readers = indices[indptr[p]:indptr[p + 1]]
+            if all(r in only for r in readers[recomputed[readers]]):
+                only.add(p)
+                spared += problem.cost[p]
+                for q in problem.parents[p]:
+                    if recomputed[q]:
+                        heapq.heappush(waiting, -int(q))
+        if spared > 0:
+            found.append((spared / (problem.size[i] + 1.0), int(i)))
+    found.sort(reverse=True)
+    return [(i, (i,)) for _, i in found[:_END_CANDIDATES]]
 
 
 def _released(problem: Problem, recomputed: np.ndarray) -> list[tuple[int, tuple]]:
