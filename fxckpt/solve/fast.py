@@ -52,7 +52,11 @@ _RELEASE_CANDIDATES = 16
 # gave the fast solver's plans the same costs as 8 or 16 (1.03x the exact
 # programme's on the proxy, against 1.19x with none); 16, mixed in without
 # the spared-recompute test, took the 8-layer GPT's planning 1.15 -> 1.4 s.
+# Finding them walks every free value backward reads, each round: not on
+# graphs of more than _END_MAX_VALUES forward values (the 58-layer GPT,
+# 5,599: planning 4.9-5.0 -> 5.4 s, for a plan of the same cost).
 _END_CANDIDATES = 4
+_END_MAX_VALUES = 3_200
 _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
 # Moves taken in one round of the fill, at most (``_batched``).
@@ -443,7 +447,7 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
         candidates = [(i, (i,)) for i in np.flatnonzero(movable & (problem.cost > 0))]
     candidates.sort(key=lambda c: -problem.cost[c[0]] / (problem.size[list(c[1])].sum() + 1.0))
     candidates = candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]
-    if not releasing:
+    if not releasing and problem.n <= _END_MAX_VALUES:
         candidates += _chain_ends(problem, recomputed, movable)
     for _, members in candidates:
         trial = saved.copy()
