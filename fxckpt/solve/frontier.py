@@ -389,10 +389,7 @@ def _steps_filled(problem: Problem, candidate, found: list[Candidate]) -> list[C
         low, high = problem.peak(*start), problem.peak(*_masks(problem, upper.decision))
         if high <= low:
             continue
-        saved, recomputed, offloaded = fill(problem, (low + high) / 2, *start)
-        added.append(candidate(to_decision(problem, saved, recomputed, offloaded,
-                                           solver="fill", seconds=0.0, gap=None,
-                                           budget_bytes=None)))
+        added.append(candidate(_filled(problem, (low + high) / 2, start)))
     return added
 
 
@@ -417,15 +414,20 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
     made: dict[tuple, Candidate | None] = {_plan_key(lower.decision): None,
                                            _plan_key(upper.decision): None}
     for level in _aim_levels(problem):
-        saved, recomputed, offloaded = fill(problem, low + (high - low) * level, *start)
-        decision = to_decision(problem, saved, recomputed, offloaded, solver="fill",
-                               seconds=0.0, gap=None, budget_bytes=None)
+        decision = _filled(problem, low + (high - low) * level, start)
         if _plan_key(decision) not in made:
             made[_plan_key(decision)] = Candidate(decision, *evaluate(decision),
                                                   _cost(problem, decision))
     inside = [c for c in made.values() if c is not None and lower.peak < c.peak < upper.peak
               and upper.cost < c.cost < lower.cost]
     return _non_dominated(inside)
+
+
+def _filled(problem: Problem, target: float, start: tuple[np.ndarray, ...]) -> Decision:
+    """The plan of masks ``start`` filled (fast.fill) up to proxy peak ``target``."""
+    saved, recomputed, offloaded = fill(problem, target, *start)
+    return to_decision(problem, saved, recomputed, offloaded, solver="fill", seconds=0.0,
+                       gap=None, budget_bytes=None)
 
 
 def _aim_levels(problem: Problem) -> list[float]:
