@@ -4,12 +4,19 @@ what costs least at its peak. On tiny HF GPT-2 a plan peaking lower
 recomputes far less, and only the exact programme's sweep found such
 plans: the fast solver's frontier cost 1.095x the exact one's at the
 runtime-optimal plan's peak. The runtime-optimal plan filled at its own
-proxy peak gives that top to either solver."""
+proxy peak gives that top to either solver.
+
+Fills are aimed with the proxy as seen from the plan they start from
+(``_as_seen_from``: refined by what it recomputes, measured where it
+peaks; Problem.with_stages adds stages without moving the others): on
+tiny HF GPT-2 it reads the fast frontier's plans within 0.4% of the exact
+model on average, where the frontier's proxy is 1.2% off."""
 
 from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import pytest
 
 from fxckpt.bench.solvers import capture_joint
@@ -59,7 +66,7 @@ def test_the_runtime_optimal_plan_filled_tops_the_fast_frontier(gpt2):
     with pytest.MonkeyPatch.context() as patch:
         # Without it: the runtime-optimal plan itself, which is on the list already.
         patch.setattr(frontier_module, "_top_filled",
-                      lambda problem, candidate, optimal: candidate(optimal))
+                      lambda problem, candidate, optimal: [optimal])
         unfilled = _at_optimal_peak(gpt2, "fast")
         exact = _at_optimal_peak(gpt2, "ilp")
     # Measured: 0.566 with the fill; 0.766 without, where the exact
@@ -67,3 +74,40 @@ def test_the_runtime_optimal_plan_filled_tops_the_fast_frontier(gpt2):
     assert filled < 0.65, filled
     assert unfilled > 0.72, unfilled
     assert filled <= exact, (filled, exact)
+
+
+def _plans(graph):
+    """The fast frontier's plans a fill can start from (not recomputing again)."""
+    frontier = frontier_module.pareto_frontier(graph.problem, graph.estimate, "fast",
+                                               graph.optimal)
+    return [c for c in frontier if not c.decision.again]
+
+
+def test_added_stages_leave_the_others_and_read_where_plans_peak(gpt2):
+    problem = gpt2.problem
+    plans = _plans(gpt2)
+    points = sorted({c.timeline.peak_at for c in plans} - set(problem.stage_names))
+    assert points, "every plan peaks at a stage the proxy has: nothing to add"
+    widened = problem.with_stages(points)
+    assert len(widened.stage_names) == len(problem.stage_names) + len(points)
+    assert widened.with_stages(points) is widened
+    for c in plans:
+        masks = frontier_module._masks(problem, c.decision)
+        old, new = problem.stage_live(*masks), widened.stage_live(*masks)
+        np.testing.assert_array_equal(new[:len(old)], old)
+        # A plan peaking at an added stage reads no more there than it holds.
+        if c.timeline.peak_at in points:
+            at = widened.stage_names.index(c.timeline.peak_at)
+            assert 0 < new[at] <= c.peak * 1.05
+
+
+def test_the_proxy_seen_from_a_plan_reads_its_peak_closer(gpt2):
+    problem = gpt2.problem
+    plain, seen = [], []
+    for c in _plans(gpt2):
+        plain.append(abs(problem.peak(*frontier_module._masks(problem, c.decision)) - c.peak)
+                     / c.peak)
+        view = frontier_module._as_seen_from(problem, c)
+        seen.append(abs(view.peak(*frontier_module._masks(view, c.decision)) - c.peak) / c.peak)
+    # Measured: 0.0038 against 0.0118 (18 plans).
+    assert np.mean(seen) < 0.5 * np.mean(plain), (np.mean(seen), np.mean(plain))

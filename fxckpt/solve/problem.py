@@ -223,6 +223,33 @@ class Problem:
         rows, saved = self.lifetimes.rows(self.parents, through, self.stage_saved)
         return replace(self, stage_recomputed=rows, stage_saved=saved, through=through)
 
+    def with_stages(self, points) -> "Problem":
+        """The same problem measured at these backward points too
+        (``stage_names``' labels, "backward:<node>"; others are ignored):
+        the stages are a bounded few picked before any plan is known, and a
+        plan can peak between them (tiny HF GPT-2: plans peaking at
+        ``mm_12`` in the exact model, where the proxy had no stage and read
+        both a plan and one saving 16 KiB more at 203,396 B)."""
+        lifetimes = self.lifetimes
+        if lifetimes is None or lifetimes.step_base is None:
+            return self
+        known = set(self.stage_names)
+        wanted = {p[len("backward:"):] for p in points
+                  if isinstance(p, str) and p.startswith("backward:") and p not in known}
+        steps = [t for t, name in enumerate(lifetimes.step_names) if name in wanted]
+        if not steps:
+            return self
+        lifetimes = replace(lifetimes, stages=np.concatenate([lifetimes.stages, steps]))
+        # Backward rows are made whole by Lifetimes.rows.
+        saved = np.vstack([self.stage_saved, np.zeros((len(steps), self.n))])
+        through = self.through if self.through is not None else np.zeros(self.n, dtype=bool)
+        recomputed, saved = lifetimes.rows(self.parents, through, saved)
+        return replace(self, stage_saved=saved, stage_recomputed=recomputed,
+                       stage_base=np.concatenate([self.stage_base, lifetimes.step_base[steps]]),
+                       stage_names=self.stage_names + tuple(
+                           f"backward:{lifetimes.step_names[t]}" for t in steps),
+                       lifetimes=lifetimes)
+
     def recompute_cost(self, recomputed: np.ndarray) -> float:
         return float(self.cost[recomputed].sum())
 

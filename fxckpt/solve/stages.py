@@ -113,7 +113,8 @@ def stage_model(profile: Profile, names, index, size) -> dict:
         stage_base=np.array(base, dtype=float), stage_names=tuple(labels),
         lifetimes=Lifetimes(first_bwd, owner, is_owner, last_bwd, backward_stages,
                             tuple(np.array(sorted(set(r)), dtype=np.int64) for r in reads),
-                            steps=len(backward)))
+                            steps=len(backward), step_base=base_bwd + held,
+                            step_names=tuple(node.name for node in backward)))
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,10 @@ class Lifetimes:
     stages: np.ndarray           # backward step of each stage row (-1: a forward stage)
     reads: tuple = ()            # backward steps reading each value directly, ascending
     steps: int = 0               # backward's steps
+    # Every backward step's base (what is live whatever the plan) and node
+    # name, for stages added later (Problem.with_stages).
+    step_base: np.ndarray | None = None
+    step_names: tuple[str, ...] = ()
 
     def first_need(self, parents, through: np.ndarray) -> np.ndarray:
         """The backward step at which each value is first needed: read by
