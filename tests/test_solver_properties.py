@@ -20,7 +20,8 @@ from fxckpt.solve.frontier import solve_budgeted
 from fxckpt.solve.fast import CutPlans, cut_plan, solve_fast
 from fxckpt.solve.ilp import Infeasible, solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
-from fxckpt.solve.problem import build_problem, computed_in_backward, read_in_backward
+from fxckpt.solve.problem import (build_problem, computed_after_saving, computed_in_backward,
+                                  read_in_backward)
 
 try:
     from tests.random_graphs import proxy_evaluate, random_profile
@@ -306,6 +307,26 @@ def test_computed_in_backward_is_what_backward_reaches(seed, mask_seed):
         expected = np.zeros(problem.n, dtype=bool)
         expected[list(reached)] = True
         np.testing.assert_array_equal(computed_in_backward(problem, saved), expected)
+
+
+@SETTINGS
+@given(seeds, st.integers(0, 2**32 - 1))
+def test_computed_after_saving_more_is_computed_in_backward(seed, mask_seed):
+    """Saving a few more values: the walk up their chains gives what the
+    whole search gives, for members computed or not."""
+    problem = _problem(seed)
+    rng = np.random.default_rng(mask_seed)
+    for _ in range(10):
+        saved = rng.random(problem.n) < rng.random()
+        computed = computed_in_backward(problem, saved)
+        pool = np.flatnonzero(computed) if rng.random() < 0.8 else np.arange(problem.n)
+        if not len(pool):
+            continue
+        members = rng.choice(pool, size=min(len(pool), int(rng.integers(1, 4))), replace=False)
+        more = saved.copy()
+        more[members] = True
+        np.testing.assert_array_equal(computed_after_saving(problem, computed, members),
+                                      computed_in_backward(problem, more))
 
 
 @SETTINGS

@@ -40,7 +40,7 @@ import numpy as np
 
 from fxckpt.solve.cut import min_cut
 from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
-from fxckpt.solve.problem import Problem, computed_in_backward
+from fxckpt.solve.problem import Problem, computed_after_saving, computed_in_backward
 
 _BISECTION_STEPS = 24
 _FILL_CANDIDATES = 64
@@ -449,10 +449,14 @@ def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
     candidates = candidates[:_RELEASE_CANDIDATES if releasing else _FILL_CANDIDATES]
     if not releasing and problem.n <= _END_MAX_VALUES:
         candidates += _chain_ends(problem, recomputed, movable)
+    # Each move's recompute follows from the plan's (computed_after_saving)
+    # where the plan recomputes exactly what its saved values leave.
+    whole = bool(candidates) and np.array_equal(recomputed, computed_in_backward(problem, saved))
     for _, members in candidates:
         trial = saved.copy()
         trial[list(members)] = True
-        trial_recomputed = computed_in_backward(problem, trial)
+        trial_recomputed = computed_after_saving(problem, recomputed, members) if whole \
+            else computed_in_backward(problem, trial)
         # Inputs of a value no longer recomputed may no longer need saving.
         trial &= problem.needed | _read_by(problem, trial_recomputed)
         kept = offloaded & trial

@@ -40,6 +40,7 @@ budgeted driver tightens its target and solves again.
 
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -308,6 +309,38 @@ def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
     computed = np.zeros(n + 2, dtype=bool)
     computed[reached] = True
     return computed[:n] & kept
+
+
+def computed_after_saving(problem: Problem, computed: np.ndarray, members) -> np.ndarray:
+    """computed_in_backward(problem, saved | members), given ``computed``,
+    computed_in_backward(problem, saved): ``computed`` less the members and
+    the values only they kept computed. Those lie up the chains the members
+    are made from: walked from their inputs, highest-numbered first
+    (forward values are numbered in program order, so every reader of a
+    value on the chain is settled before it), a value stays computed where
+    backward reads it or a value still computed does. The greedy fill
+    weighs every move so, where a search over the whole graph per move
+    took 72 us of each move's 130 (a 58-layer GPT)."""
+    out = computed.copy()
+    members = [int(m) for m in members]
+    out[members] = False
+    indptr, indices = problem.reader_lists
+    needed, parents = problem.needed, problem.parents
+    waiting = [-int(p) for m in members for p in parents[m] if out[p]]
+    heapq.heapify(waiting)
+    settled: set[int] = set()
+    while waiting:
+        p = -heapq.heappop(waiting)
+        if p in settled:
+            continue
+        settled.add(p)
+        if needed[p] or out[indices[indptr[p]:indptr[p + 1]]].any():
+            continue
+        out[p] = False
+        for q in parents[p]:
+            if out[q]:
+                heapq.heappush(waiting, -int(q))
+    return out
 
 
 def read_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
