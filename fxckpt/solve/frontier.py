@@ -9,10 +9,10 @@ join in. The plans no other plan beats on both exact peak and time cost
 A budget then takes the cheapest frontier plan whose exact peak fits it;
 where the budget falls inside a step of the frontier, that plan filled
 towards the cheaper plan above it (``step_fills``: a fixed few per step)
-where one fits. Fills are aimed with the proxy as seen from the plan they
-start from (refined by what it recomputes, measured where it peaks) and,
-on graphs up to a size, with the frontier's proxy too; the runtime-optimal
-plan filled at its own peak tops the frontier.
+where one fits. Fills are aimed with the frontier's proxy and, on graphs
+up to a size, with the proxy as seen from the plan they start from too
+(refined by what it recomputes, measured where it peaks); the
+runtime-optimal plan filled at its own peak tops the frontier.
 
 Below the lowest peak single recomputation reaches, the lowest plans are
 tried again with values recomputed more than once (solve/again.py): each
@@ -104,10 +104,10 @@ _STEP_WORK = 6_400
 # (5,599 values) one level took 0.12 s, three 0.35 s).
 _AIM_LEVELS = 3
 _AIM_WORK = 6_400
-# Fills are aimed with the proxy seen from the plan they start from, and up
-# to this many forward values with the frontier's proxy too (``_views``):
+# Fills are aimed with the frontier's proxy, and up to this many forward
+# values with the proxy seen from the plan they start from too (``_views``):
 # each fill is a simulation, and on the 58-layer GPT one took 0.12 s.
-_PLAIN_VIEW_VALUES = 3_200
+_SEEN_VIEW_VALUES = 3_200
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
@@ -450,15 +450,18 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
 
 
 def _views(problem: Problem, plan: Candidate, *others: Candidate) -> list[Problem]:
-    """The proxies a fill starting from ``plan`` is aimed with: as seen from
-    it (``_as_seen_from``), and up to ``_PLAIN_VIEW_VALUES`` forward values
-    the proxy as the frontier had it too. The two lead the greedy fill to
-    different plans, and each finds some the other misses: over 41 budgets
-    on tiny HF GPT-2 the plans cost 0.977x those of the plain proxy alone
-    (geometric mean, at best 0.56x), where the view from the plan alone cost
-    1.014x (one budget 1.95x: an optimistic fill that happened to fit)."""
-    seen = _as_seen_from(problem, plan, *others)
-    return [seen, problem] if problem.n <= _PLAIN_VIEW_VALUES else [seen]
+    """The proxies a fill starting from ``plan`` is aimed with: the
+    frontier's, and up to ``_SEEN_VIEW_VALUES`` forward values the proxy as
+    seen from the plan too (``_as_seen_from``). The two lead the greedy fill
+    to different plans, and each finds some the other misses: over 41
+    budgets on tiny HF GPT-2 the plans cost 0.977x those of the frontier's
+    proxy alone (geometric mean, at best 0.56x), where the view from the
+    plan alone cost 1.014x (one budget 1.95x: an optimistic fill that
+    happened to fit), and on the compile suite's 8-layer GPT 0.998x against
+    1.022x (one budget 2.5x)."""
+    if problem.n > _SEEN_VIEW_VALUES:
+        return [problem]
+    return [_as_seen_from(problem, plan, *others), problem]
 
 
 def _as_seen_from(problem: Problem, plan: Candidate, *others: Candidate) -> Problem:
