@@ -10,32 +10,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fxckpt.bench.solvers import capture_joint
-from fxckpt.bench.ways import Step
-from fxckpt.bench.zoo import make_bench_model
-from fxckpt.options import Options
-from fxckpt.planning.pipeline import Planner, problem_for
 from fxckpt.solve import fast
 from fxckpt.solve.ilp import solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
-
-class _ProblemOnly(Planner):
-    """Profiles and tags the joint graph, keeps the numeric Problem."""
-
-    def _partition(self, joint, num_fwd_outputs, static_lifetime_input_indices):
-        *_, profile, tags, _evaluate = self._begin(joint, num_fwd_outputs,
-                                                   static_lifetime_input_indices)
-        self.problem = problem_for(profile, tags, self.options)
+try:
+    from tests.planned_graph import tiny_hf_graph
+except ImportError:  # pragma: no cover
+    from planned_graph import tiny_hf_graph
 
 
 @pytest.fixture(scope="module")
 def gpt2_problem():
-    model, inputs, loss_fn = make_bench_model("hf_gpt2", size="tiny")
-    joint, joint_inputs, kwargs = capture_joint(Step(model, loss_fn), inputs)
-    planner = _ProblemOnly(Options.create(compiler="eager", solver="fast", budget=0.5))
-    planner(joint, joint_inputs, **kwargs)
-    return planner.problem
+    return tiny_hf_graph("hf_gpt2").problem
 
 
 def _ratios(problem) -> list[float]:

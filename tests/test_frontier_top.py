@@ -19,36 +19,17 @@ import importlib
 import numpy as np
 import pytest
 
-from fxckpt.bench.solvers import capture_joint
-from fxckpt.bench.ways import Step
-from fxckpt.bench.zoo import make_bench_model
-from fxckpt.options import Options
-from fxckpt.planning.pipeline import Planner, problem_for
-from fxckpt.solve.runtime_optimal import runtime_optimal
+try:
+    from tests.planned_graph import tiny_hf_graph
+except ImportError:  # pragma: no cover
+    from planned_graph import tiny_hf_graph
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
 
 
-class _Graph(Planner):
-    """Profiles and tags the joint graph; keeps the Problem, the schedule
-    model's estimate and the runtime-optimal plan with its timeline."""
-
-    def _partition(self, joint, num_fwd_outputs, static_lifetime_input_indices):
-        *_, profile, tags, evaluate = self._begin(joint, num_fwd_outputs,
-                                                  static_lifetime_input_indices)
-        self.problem = problem_for(profile, tags, self.options)
-        self.estimate = evaluate.estimate
-        optimal = runtime_optimal(self.problem)
-        self.optimal = (optimal, *self.estimate(optimal))
-
-
 @pytest.fixture(scope="module")
 def gpt2():
-    model, inputs, loss_fn = make_bench_model("hf_gpt2", size="tiny")
-    joint, joint_inputs, kwargs = capture_joint(Step(model, loss_fn), inputs)
-    graph = _Graph(Options.create(compiler="eager", solver="fast", budget=0.5))
-    graph(joint, joint_inputs, **kwargs)
-    return graph
+    return tiny_hf_graph("hf_gpt2")
 
 
 def _at_optimal_peak(graph, solver):
