@@ -20,6 +20,7 @@ import fxckpt
 import fxckpt.options
 import fxckpt.planning.pipeline
 import fxckpt.solve.frontier as frontier
+from fxckpt.solve.candidates import Candidate
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError, PlanError
 from fxckpt.passes.verify import verify_decision
@@ -240,12 +241,12 @@ def test_bases_tied_in_peak_and_cost_are_started_from_once():
 
     def candidate(decision):
         started.append(decision.solver)
-        return frontier.Candidate(decision, None, Timeline(10**9), 1.0)
+        return Candidate(decision, None, Timeline(10**9), 1.0)
 
     def found(tied: bool):
-        return [frontier.Candidate(replace(plans["per_block"], solver="per_block"), None,
+        return [Candidate(replace(plans["per_block"], solver="per_block"), None,
                                    Timeline(80), 0.5),
-                frontier.Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
+                Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
                                    Timeline(80 if tied else 81), 0.5)]
 
     frontier._recomputed_again(problem, candidate, found(tied=False))
@@ -271,12 +272,12 @@ def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
 
     def candidate(decision):
         started.append(decision.solver.split("+")[0])
-        return frontier.Candidate(decision, None, Timeline(10**9, 0), 1.0)
+        return Candidate(decision, None, Timeline(10**9, 0), 1.0)
 
     def found(held: int):
-        return [frontier.Candidate(replace(plans["per_block"], solver="per_block"), None,
+        return [Candidate(replace(plans["per_block"], solver="per_block"), None,
                                    Timeline(80, 70), 0.5),
-                frontier.Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
+                Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
                                    Timeline(90, held), 0.4)]
 
     frontier._recomputed_again(problem, candidate, found(held=79))

@@ -1,5 +1,5 @@
-"""Steep steps of the frontier are filled (solve/frontier.py,
-``_steps_filled``): where one frontier plan costs much more recompute than
+"""Steep steps of the frontier are filled (solve/fills.py,
+``steps_filled``): where one frontier plan costs much more recompute than
 the next one up, its plan filled to a peak between the two joins the
 frontier, so a budget inside the step pays less. Checked on random graphs
 (the proxy as the exact model: never costlier at any budget, every plan
@@ -31,7 +31,8 @@ from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
-from fxckpt.solve.frontier import pareto_frontier, solve_budgeted, step_fills
+from fxckpt.solve.fills import step_fills
+from fxckpt.solve.frontier import pareto_frontier, solve_budgeted
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
@@ -43,6 +44,7 @@ except ImportError:  # pragma: no cover
     from random_graphs import proxy_evaluate, random_profile
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
+fills_module = importlib.import_module("fxckpt.solve.fills")
 
 
 def _masks(problem, names):
@@ -66,9 +68,12 @@ def _cost_at(frontier, budget):
 def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
-    filled = _frontier(problem, solver)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frontier_module, "_STEP_FILLS", 0)
+        # The steps' fills alone: the runtime-optimal plan filled (the
+        # frontier's top, tests/test_frontier_top.py) is a fill too.
+        patch.setattr(fills_module, "top_filled", lambda problem, candidate, optimal: [])
+        filled = _frontier(problem, solver)
+        patch.setattr(fills_module, "_STEP_FILLS", 0)
         plain = _frontier(problem, solver)
     assert not any(c.decision.solver == "fill" for c in plain)
     for c in filled:
@@ -89,7 +94,7 @@ def test_a_budget_inside_a_steep_step_gets_a_filled_plan_that_trains_bitwise(res
     assert filled, [(p.peak_bytes, p.solver) for p in sweep.frontier]
     chosen = filled[0]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frontier_module, "_STEP_FILLS", 0)
+        patch.setattr(fills_module, "_STEP_FILLS", 0)
         plain = fxckpt.pareto(Step(model, loss_fn), *inputs, compiler="eager")
     without = min(p.recompute_cost for p in plain.frontier if p.peak_bytes <= chosen.peak_bytes)
     assert chosen.recompute_cost < without
@@ -112,7 +117,7 @@ def test_filled_steps_leave_the_floor_where_it_was(name, reset_dynamo):
     model, inputs, loss_fn = make_bench_model(name, size="tiny")
     with_fills = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frontier_module, "_STEP_FILLS", 0)
+        patch.setattr(fills_module, "_STEP_FILLS", 0)
         plain = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
     assert with_fills.floor_bytes == plain.floor_bytes
     assert with_fills.frontier[0].solver.endswith("+again")
@@ -161,7 +166,7 @@ def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(res
     step, inputs = gpt_step(2)
     sweep = fxckpt.pareto(step, *inputs, compiler="eager")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frontier_module, "_AIM_LEVELS", 0)
+        patch.setattr(fills_module, "_AIM_LEVELS", 0)
         plain = fxckpt.pareto(step, *inputs, compiler="eager")
     known = {p.fingerprint for p in plain.frontier}
     inside = [p for p in sweep.frontier if p.fingerprint not in known]

@@ -42,8 +42,9 @@ from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.report.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
-from fxckpt.solve.frontier import (Evaluate, NoPlanFits, pareto_frontier,
-                                   solve_budgeted, step_fills)
+from fxckpt.solve.candidates import Evaluate
+from fxckpt.solve.fills import step_fills
+from fxckpt.solve.frontier import NoPlanFits, pareto_frontier, solve_budgeted
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -322,9 +323,9 @@ class Frontier:
     """Every plan a budget can select for one graph (see fxckpt.pareto).
 
     ``plans`` are the frontier of solve/frontier.py with the plans filled
-    inside its steps (``step_fills``), lowest peak first, each recomputing
-    strictly less than the one before; ``runtime_optimal`` is the plan
-    without a budget."""
+    inside its steps (solve/fills.py's ``step_fills``), lowest peak first,
+    each recomputing strictly less than the one before; ``runtime_optimal``
+    is the plan without a budget."""
 
     runtime_optimal: Plan
     plans: tuple[Plan, ...]

@@ -8,11 +8,10 @@ join in. The plans no other plan beats on both exact peak and time cost
 (recompute, plus transfers where values are offloaded) form the frontier.
 A budget then takes the cheapest frontier plan whose exact peak fits it;
 where the budget falls inside a step of the frontier, that plan filled
-towards the cheaper plan above it (``step_fills``: a fixed few per step)
-where one fits. Fills are aimed with the frontier's proxy and, on graphs
-up to a size, with the proxy as seen from the plan they start from too
-(refined by what it recomputes, measured where it peaks); the
-runtime-optimal plan filled at its own peak tops the frontier.
+towards the cheaper plan above it (solve/fills.py's ``step_fills``: a
+fixed few per step) where one fits. The frontier holds filled plans too:
+inside its steep steps, and the runtime-optimal plan filled at its own
+peak at its top.
 
 Below the lowest peak single recomputation reaches, the lowest plans are
 tried again with values recomputed more than once (solve/again.py): each
@@ -30,16 +29,18 @@ on the budget:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from dataclasses import replace
 
 import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
+from fxckpt.solve import fills
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
-from fxckpt.solve.fast import CutPlans, fill, solve_fast
+from fxckpt.solve.candidates import (Candidate, Evaluate, mask, non_dominated, plan_cost,
+                                     plan_key)
+from fxckpt.solve.fast import CutPlans, solve_fast
 from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
@@ -83,31 +84,6 @@ _CUT_WORK = 6_400
 # plans either side of them in cost (fewer on large graphs, none beyond
 # 3,200 forward values).
 _STEEP_PLANS = 3
-# Steps of the frontier filled (``_steps_filled``): where a plan costs more
-# than _STEP_RATIO times the next one up, a budget between the two pays the
-# dearer plan's recompute. At most _STEP_FILLS steps, fewer on large graphs
-# as each filled plan is simulated (12 up to 533 forward values, 8 at 800,
-# one from 3,200, none beyond 6,400).
-_STEP_RATIO = 1.05
-_STEP_FILLS = 12
-_STEP_WORK = 6_400
-# A budget inside a step of the frontier, between the plan that fits and
-# the cheaper one above that does not, is offered the plan below filled to
-# these fractions of the way up (in the proxy's peak; ``step_fills``). The
-# levels are fixed, not aimed at the budget, so a larger budget never costs
-# more. On the compile suite's 8-layer GPT, over 41 budgets from the floor
-# to the runtime-optimal peak, the plans cost 0.97x those of the frontier
-# alone (geometric mean; at best 0.83x), with the ILP and the fast solver
-# alike; 4 or 6 levels did no better than these 3. Each level is a fill
-# and a simulation in proportion to the graph: fewer on large graphs (3 up
-# to 2,133 forward values, 1 from 3,200 to 6,400, where on the 58-layer GPT
-# (5,599 values) one level took 0.12 s, three 0.35 s).
-_AIM_LEVELS = 3
-_AIM_WORK = 6_400
-# Fills are aimed with the frontier's proxy, and up to this many forward
-# values with the proxy seen from the plan they start from too (``_views``):
-# each fill is a simulation, and on the 58-layer GPT one took 0.12 s.
-_SEEN_VIEW_VALUES = 3_200
 # Recomputing again: how many of the lowest plans it starts from (besides the
 # region seeds; 0: never recompute again), and the
 # idle stretches (fractions of backward's steps) after which a value is
@@ -115,19 +91,6 @@ _SEEN_VIEW_VALUES = 3_200
 _AGAIN_BASES = 2
 _AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 _REGION_SEEDS = ("per_block", "lean_blocks", "per_part")
-
-
-class Timeline(Protocol):
-    """What the frontier reads of an evaluated plan: its exact peak (and,
-    where the evaluation knows it, ``held_at_backward``: see
-    passes/schedule.py's ModelTimeline)."""
-
-    peak_bytes: int
-    peak_at: str
-
-
-# evaluate(decision) -> (whatever the caller keeps of the plan, its Timeline)
-Evaluate = Callable[[Decision], "tuple[Any, Timeline]"]
 
 
 class NoPlanFits(BudgetError):
@@ -140,18 +103,6 @@ class NoPlanFits(BudgetError):
         self.budget = budget
         self.floor = floor
         self.runtime_optimal_peak = runtime_optimal_peak
-
-
-@dataclass(frozen=True)
-class Candidate:
-    decision: Decision
-    rewritten: Any          # the first part of what evaluate returned
-    timeline: Timeline
-    cost: float
-
-    @property
-    def peak(self) -> int:
-        return self.timeline.peak_bytes
 
 
 def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: str, *,
@@ -170,7 +121,8 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     if above:
         # Inside a step: the plan below filled towards the one above.
         upper = min(above, key=lambda c: c.peak)
-        filled = [c for c in step_fills(problem, evaluate, chosen, upper) if c.peak <= budget]
+        filled = [c for c in fills.step_fills(problem, evaluate, chosen, upper)
+                  if c.peak <= budget]
         chosen = filled[-1] if filled else chosen
     decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
     return decision, chosen.rewritten, chosen.timeline
@@ -184,15 +136,15 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     strategy = _pick(solver, problem)
     # Strategies and targets often land on the same plan: each distinct
     # plan is rewritten and simulated once.
-    evaluated: dict[tuple, tuple] = {_plan_key(runtime_optimal[0]): runtime_optimal[1:]}
+    evaluated: dict[tuple, tuple] = {plan_key(runtime_optimal[0]): runtime_optimal[1:]}
 
     def candidate(decision: Decision) -> Candidate:
-        key = _plan_key(decision)
+        key = plan_key(decision)
         if key not in evaluated:
             evaluated[key] = evaluate(decision)
-        return Candidate(decision, *evaluated[key], _cost(problem, decision))
+        return Candidate(decision, *evaluated[key], plan_cost(problem, decision))
 
-    found = [Candidate(*runtime_optimal, _cost(problem, runtime_optimal[0]))]
+    found = [Candidate(*runtime_optimal, plan_cost(problem, runtime_optimal[0]))]
     found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
                                      lean_blocks(problem), per_part(problem),
                                      sqrt_segments(problem))]
@@ -232,13 +184,13 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
             break
         # Follow recompute chains this plan uses from now on: the proxy only
         # grows more cautious, so targets below stay honest.
-        problem = problem.refined(_mask(problem, found[-1].decision.recomputed))
+        problem = problem.refined(mask(problem, found[-1].decision.recomputed))
         # Stalled: aiming below the lowest peak found, and not getting there.
         stalls = stalls + 1 if target < lowest <= found[-1].peak else 0
         lowest = min(lowest, found[-1].peak)
         if stalls >= _STALLS_BEFORE_STOP:
             break
-    found += _top_filled(problem, candidate, found[0])
+    found += fills.top_filled(problem, candidate, found[0])
     # The targets off the sweep (under the lowest peak, inside its gaps)
     # are guesses at where the proxy misled it: solver="auto" aims at them
     # with the fast solver whatever the sweep's.
@@ -256,23 +208,8 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     # from, and a plan recomputing more leaves more to recompute again
     # (tiny HF Llama: the floor rose from 110,280 to 118,216 bytes).
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
-    found += _steps_filled(problem, candidate, found)
-    return _non_dominated(found)
-
-
-def _top_filled(problem: Problem, candidate, optimal: Candidate) -> list[Candidate]:
-    """The runtime-optimal plan filled (fast.fill) at its own proxy peak
-    (in each of ``_views``). That plan recomputes what is cheap to
-    recompute, not what costs least at its peak: on tiny HF GPT-2 it peaks
-    at 265,736 B recomputing 1.31 us where a plan at 256,648 B recomputes
-    0.92 us. The sweep aims below it and only the exact programme found
-    such plans; filled, the runtime-optimal plan gives the top of the
-    frontier to either solver."""
-    filled = []
-    for seen in _views(problem, optimal):
-        start = _masks(seen, optimal.decision)
-        filled.append(candidate(_filled(seen, seen.peak(*start), start)))
-    return filled
+    found += fills.steps_filled(problem, candidate, found)
+    return non_dominated(found)
 
 
 def _sweep_ratio(top: float, lowest: int, count: int) -> float:
@@ -295,7 +232,7 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
     added: list[Candidate] = []
     tried: set[int] = set()
     for _ in range(_GAP_TARGETS):
-        frontier = _non_dominated(found + added)
+        frontier = non_dominated(found + added)
         gaps = [(lower.peak / upper.peak, lower.peak, upper.peak)
                 for lower, upper in zip(frontier, frontier[1:])
                 if lower.peak < upper.peak * ratio]
@@ -346,7 +283,7 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
         count = max(_CUT_PRICES // 2, min(_CUT_BAND, _CUT_BAND_WORK // max(problem.n, 1)))
         band = np.geomspace(prices[changes[0]], prices[changes[-1] + 1], count + 2)[1:-1]
         plans.update((float(lam), cuts(problem, float(lam))) for lam in band)
-    frontier = _non_dominated(found)
+    frontier = non_dominated(found)
     known = {(c.decision.saved, c.decision.recomputed) for c in found}
     masks: dict[tuple, tuple] = {}
     for lam in sorted(plans):
@@ -379,124 +316,11 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
         ranked.append((-width, len(ranked), decision))
     count = max(2, min(_CUT_PLANS, _CUT_WORK // max(problem.n, 1)))
     chosen = [decision for _, _, decision in sorted(ranked)[:count]]
-    keys = {_plan_key(decision) for decision in chosen}
+    keys = {plan_key(decision) for decision in chosen}
     extra = min(_STEEP_PLANS, _CUT_WORK // max(2 * problem.n, 1))
     chosen += [decision for _, _, decision in sorted(steep)
-               if _plan_key(decision) not in keys][:extra]
+               if plan_key(decision) not in keys][:extra]
     return [candidate(decision) for decision in chosen]
-
-
-def _steps_filled(problem: Problem, candidate, found: list[Candidate]) -> list[Candidate]:
-    """Plans inside the frontier's steep steps, one each: the dearer plan of
-    the step filled (fast.fill: recomputed values saved back, most time
-    saved per byte first) up to the proxy's peak halfway between the two.
-    The sweep's targets are a few percent apart in peak, and the plans
-    they find can drop a fifth in recompute from one to the next: a budget
-    between pays the dearer. A fill costs a fraction of a solve; the
-    steps chosen are those a budget loses most on, the widest in peak
-    times the steepest in cost (log ratios), at most ``_STEP_FILLS`` (fewer
-    on large graphs). Plans recomputing again are not filled (their copies
-    are not masks the proxy weighs)."""
-    frontier = _non_dominated(found)
-    steps = []
-    for lower, upper in zip(frontier, frontier[1:]):
-        if lower.decision.again or lower.cost <= upper.cost * _STEP_RATIO:
-            continue
-        loss = np.log(upper.peak / max(lower.peak, 1)) * \
-            np.log((lower.cost + 1e-12) / (upper.cost + 1e-12))
-        steps.append((-loss, len(steps), lower, upper))
-    count = min(_STEP_FILLS, _STEP_WORK // max(problem.n, 1))
-    added: list[Candidate] = []
-    for _, _, lower, upper in sorted(steps)[:count]:
-        for seen in _views(problem, lower, upper):
-            start = _masks(seen, lower.decision)
-            low, high = seen.peak(*start), seen.peak(*_masks(seen, upper.decision))
-            if high <= low:
-                continue
-            added.append(candidate(_filled(seen, (low + high) / 2, start)))
-    return added
-
-
-def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
-               upper: Candidate) -> list[Candidate]:
-    """The plans a budget inside the step from ``lower`` to ``upper``
-    (neighbours on the frontier, ``upper`` the cheaper) can take besides
-    ``lower``: ``lower`` filled (fast.fill) to the proxy's peaks at
-    ``_aim_levels`` of the way to ``upper``'s, in each of ``_views``, each
-    evaluated. Kept are
-    those peaking strictly between the two and costing strictly between
-    them, not beaten by another: lowest peak first, each cheaper than the
-    one before. Together with the frontier they are again a frontier, and a
-    budget takes its last plan that fits, so a larger budget still never
-    costs more nor peaks lower; and a budget equal to a frontier plan's
-    peak still gets that plan. Plans recomputing again are not filled."""
-    if lower.decision.again:
-        return []
-    made: dict[tuple, Candidate | None] = {_plan_key(lower.decision): None,
-                                           _plan_key(upper.decision): None}
-    for seen in _views(problem, lower, upper):
-        start = _masks(seen, lower.decision)
-        low, high = seen.peak(*start), seen.peak(*_masks(seen, upper.decision))
-        if high <= low:
-            continue
-        for level in _aim_levels(seen):
-            decision = _filled(seen, low + (high - low) * level, start)
-            if _plan_key(decision) not in made:
-                made[_plan_key(decision)] = Candidate(decision, *evaluate(decision),
-                                                      _cost(problem, decision))
-    inside = [c for c in made.values() if c is not None and lower.peak < c.peak < upper.peak
-              and upper.cost < c.cost < lower.cost]
-    return _non_dominated(inside)
-
-
-def _views(problem: Problem, plan: Candidate, *others: Candidate) -> list[Problem]:
-    """The proxies a fill starting from ``plan`` is aimed with: the
-    frontier's, and up to ``_SEEN_VIEW_VALUES`` forward values the proxy as
-    seen from the plan too (``_as_seen_from``). The two lead the greedy fill
-    to different plans, and each finds some the other misses: over 41
-    budgets on tiny HF GPT-2 the plans cost 0.977x those of the frontier's
-    proxy alone (geometric mean, at best 0.56x), where the view from the
-    plan alone cost 1.014x (one budget 1.95x: an optimistic fill that
-    happened to fit), and on the compile suite's 8-layer GPT 0.998x against
-    1.022x (one budget 2.5x)."""
-    if problem.n > _SEEN_VIEW_VALUES:
-        return [problem]
-    return [_as_seen_from(problem, plan, *others), problem]
-
-
-def _as_seen_from(problem: Problem, plan: Candidate, *others: Candidate) -> Problem:
-    """The proxy as a fill starting from ``plan`` reads it: refined by the
-    values ``plan`` recomputes, and measured where ``plan`` and ``others``
-    peak in the exact model. A fill saves recomputed values back; one that
-    backward reads only to recompute another is held until that recompute,
-    which the proxy counts only where chains run through the reader
-    (Problem.refined). Unrefined, and without a stage where the plans peak,
-    the proxy read a plan on tiny HF GPT-2 and the plan saving two such
-    values (16 KiB) alike at 203,396 B; the exact model read 206,088 and
-    222,472 B. Refined and measured there, 206,084 and within 260 B of the
-    exact peak along the fills to a plan 18 KiB up."""
-    return problem.refined(_mask(problem, plan.decision.recomputed)).with_stages(
-        [c.timeline.peak_at for c in (plan, *others)])
-
-
-def _filled(problem: Problem, target: float, start: tuple[np.ndarray, ...]) -> Decision:
-    """The plan of masks ``start`` filled (fast.fill) up to proxy peak ``target``."""
-    saved, recomputed, offloaded = fill(problem, target, *start)
-    return to_decision(problem, saved, recomputed, offloaded, solver="fill", seconds=0.0,
-                       gap=None, budget_bytes=None)
-
-
-def _aim_levels(problem: Problem) -> list[float]:
-    """Fractions of a step's way up that ``step_fills`` fills to, evenly
-    spaced: ``_AIM_LEVELS`` of them, fewer on large graphs."""
-    count = max(0, min(_AIM_LEVELS, _AIM_WORK // max(problem.n, 1)))
-    return [(k + 1) / (count + 1) for k in range(count)]
-
-
-def _masks(problem: Problem, decision: Decision) -> tuple[np.ndarray, ...]:
-    """(saved, recomputed, offloaded) masks of a decision."""
-    return tuple(_mask(problem, names)
-                 for names in (decision.saved, decision.recomputed, decision.offloaded))
 
 
 def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
@@ -538,7 +362,7 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
     # layers: 2 of 12 evaluations; 8 layers: 3 of 15).
     firsts: set[tuple] = set()
     for base in bases:
-        recomputed = _mask(problem, base.decision.recomputed)
+        recomputed = mask(problem, base.decision.recomputed)
         first = True
         for fraction in _AGAIN_GAPS:
             again = tuple(sorted((problem.names[i], s) for i, s in
@@ -580,18 +404,6 @@ def _below_lowest(solved, lowest: int) -> list[Candidate]:
     return found
 
 
-def _plan_key(decision: Decision) -> tuple:
-    return decision.saved, decision.recomputed, decision.offloaded, decision.again
-
-
-def _non_dominated(found: list[Candidate]) -> list[Candidate]:
-    frontier: list[Candidate] = []
-    for c in sorted(found, key=lambda c: (c.peak, c.cost)):
-        if not frontier or c.cost < frontier[-1].cost:
-            frontier.append(c)
-    return frontier
-
-
 def _pick(solver: str, problem: Problem):
     if solver == "ilp" or (solver == "auto" and problem.n <= ILP_MAX_VALUES):
         return _ilp
@@ -607,20 +419,3 @@ def _fast(problem, target, cuts, relaxations):
 
 
 _ilp.__name__, _fast.__name__ = "ilp", "fast"
-
-
-def _cost(problem: Problem, decision: Decision) -> float:
-    """Seconds the plan adds: recompute and offload transfers."""
-    return problem.plan_cost(_mask(problem, decision.recomputed),
-                             _mask(problem, decision.offloaded),
-                             copies=_copies(problem, decision))
-
-
-def _copies(problem: Problem, decision: Decision) -> np.ndarray:
-    """How many times backward computes each value (1 where it does not)."""
-    steps = dict(decision.again)
-    return np.array([1 + len(steps.get(name, ())) for name in problem.names])
-
-
-def _mask(problem: Problem, names) -> np.ndarray:
-    return np.array([name in names for name in problem.names], dtype=bool)

@@ -50,7 +50,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 from torch.utils.checkpoint import CheckpointPolicy
 
-from fxckpt.types import Decision, Origin, Profile, Tag
+from fxckpt.types import BACKWARD, Decision, Origin, Profile, Tag, point, split_point
 from fxckpt.solve.common import run_in_forward
 from fxckpt.solve.refill import refilled
 from fxckpt.solve.remat_classes import RematClasses, remat_classes
@@ -226,17 +226,18 @@ class Problem:
 
     def with_stages(self, points) -> "Problem":
         """The same problem measured at these backward points too
-        (``stage_names``' labels, "backward:<node>"; others are ignored):
-        the stages are a bounded few picked before any plan is known, and a
-        plan can peak between them (tiny HF GPT-2: plans peaking at
-        ``mm_12`` in the exact model, where the proxy had no stage and read
-        both a plan and one saving 16 KiB more at 203,396 B)."""
+        (``stage_names``' labels, ``types.point(BACKWARD, node)``; others
+        are ignored): the stages are a bounded few picked before any plan
+        is known, and a plan can peak between them (tiny HF GPT-2: plans
+        peaking at ``mm_12`` in the exact model, where the proxy had no
+        stage and read both a plan and one saving 16 KiB more at
+        203,396 B)."""
         lifetimes = self.lifetimes
         if lifetimes is None or lifetimes.step_base is None:
             return self
         known = set(self.stage_names)
-        wanted = {p[len("backward:"):] for p in points
-                  if isinstance(p, str) and p.startswith("backward:") and p not in known}
+        wanted = {split_point(p)[1] for p in points if isinstance(p, str)
+                  and p.startswith(point(BACKWARD, "")) and p not in known}
         steps = [t for t, name in enumerate(lifetimes.step_names) if name in wanted]
         if not steps:
             return self
@@ -248,7 +249,7 @@ class Problem:
         return replace(self, stage_saved=saved, stage_recomputed=recomputed,
                        stage_base=np.concatenate([self.stage_base, lifetimes.step_base[steps]]),
                        stage_names=self.stage_names + tuple(
-                           f"backward:{lifetimes.step_names[t]}" for t in steps),
+                           point(BACKWARD, lifetimes.step_names[t]) for t in steps),
                        lifetimes=lifetimes)
 
     def recompute_cost(self, recomputed: np.ndarray) -> float:

@@ -105,7 +105,7 @@ def stage_model(profile: Profile, names, index, size) -> dict:
         else:
             rows_saved.append(last_bwd >= t)
             base.append(base_bwd[t] + held)
-            labels.append(f"backward:{backward[t].name}")
+            labels.append(point(BACKWARD, backward[t].name))
     shape = (len(stages), n)
     backward_stages = np.array([t if phase == "backward" else -1 for phase, t in stages])
     return dict(
