@@ -3,7 +3,12 @@ hold, built from tiny configurations (no weights), measured side by side in
 one process per model:
 
     python examples/hf_architectures.py qwen2,mistral,gpt_neox,opt,phi,gemma,gemma2,falcon,bert,t5 eager
+    python examples/hf_architectures.py gptj,bloom,gpt_bigcode,stablelm,olmo2,qwen3,starcoder2,gpt_neo,llama_bias,bart eager
     python examples/hf_architectures.py qwen2,falcon,bert inductor
+
+(the names MODELS holds; GPT-Neo, Gemma2, Bloom and T5 with eager
+attention, the others with sdpa; llama_bias: Llama with biases in its
+attention and MLP projections.)
 
 For each model: loss and every gradient of two steps against eager PyTorch
 (against torch.compile(inductor) without fxckpt under compiler="inductor"),
@@ -64,6 +69,8 @@ def blocks_of(model):
         return [inner.encoder.block, inner.decoder.block]
     if name.startswith("Bert"):
         return [inner.bert.encoder.layer]
+    if name.startswith("Bart"):
+        return [inner.model.encoder.layers, inner.model.decoder.layers]
     return [next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1)]
 
 
@@ -103,6 +110,43 @@ MODELS = {
                     intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                     max_position_embeddings=SEQ, hidden_dropout_prob=0.1,
                     attention_probs_dropout_prob=0.1, vocab_size=V),
+    "gptj": _causal("GPTJConfig", "GPTJForCausalLM", n_embd=64, n_layer=2, n_head=4,
+                    rotary_dim=8, n_positions=SEQ, resid_pdrop=0.1, embd_pdrop=0.1,
+                    attn_pdrop=0.1, **COMMON),
+    "bloom": _causal("BloomConfig", "BloomForCausalLM", attn="eager", hidden_size=64, n_layer=2,
+                     n_head=4, hidden_dropout=0.1, attention_dropout=0.1, **COMMON),
+    "gpt_bigcode": _causal("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=64, n_layer=2,
+                           n_head=4, n_positions=SEQ, multi_query=True, resid_pdrop=0.1,
+                           embd_pdrop=0.1, attn_pdrop=0.1, **COMMON),
+    "stablelm": _causal("StableLmConfig", "StableLmForCausalLM", hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=SEQ, hidden_dropout=0.1,
+                        attention_dropout=0.1, use_qkv_bias=True, partial_rotary_factor=0.25,
+                        **COMMON),
+    "olmo2": _causal("Olmo2Config", "Olmo2ForCausalLM", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=SEQ, attention_dropout=0.1, **COMMON),
+    "qwen3": _causal("Qwen3Config", "Qwen3ForCausalLM", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     max_position_embeddings=SEQ, attention_dropout=0.1, **COMMON),
+    "starcoder2": _causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=64,
+                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=SEQ, residual_dropout=0.1,
+                          embedding_dropout=0.1, attention_dropout=0.1, **COMMON),
+    "gpt_neo": _causal("GPTNeoConfig", "GPTNeoForCausalLM", attn="eager", hidden_size=64,
+                       num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=32,
+                       max_position_embeddings=SEQ, resid_dropout=0.1, embed_dropout=0.1,
+                       attention_dropout=0.1, **COMMON),
+    "llama_bias": _causal("LlamaConfig", "LlamaForCausalLM", hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=SEQ, attention_dropout=0.1, attention_bias=True,
+                          mlp_bias=True, **COMMON),
+    "bart": _causal("BartConfig", "BartForConditionalGeneration", loss_type=None, d_model=64,
+                    encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                    max_position_embeddings=SEQ, dropout=0.1, attention_dropout=0.1,
+                    activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                    decoder_start_token_id=2, **COMMON),
     "t5": _causal("T5Config", "T5ForConditionalGeneration", attn="eager", loss_type=None,
                   d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
                   dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, **COMMON),
