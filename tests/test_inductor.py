@@ -27,12 +27,27 @@ CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available
                                                     reason="needs CUDA"))
 
 
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("name, solver, exact", [("gpt", "recompute_all", False),
+                                                 ("gpt", "auto", True),
                                                  ("cnn_bn", "auto", True)])
-def test_inductor_matches_inductor_without_recompute(name, solver, exact, device):
+def test_inductor_matches_inductor_without_recompute(name, solver, exact, device,
+                                                     one_thread):
     """The zoo case built on ``device`` (weights, inputs and what its loss
-    closes over), the same seeds on each."""
+    closes over), the same seeds on each. solver="auto" without a budget is
+    torch's own partition, compiled as torch.compile compiles it: on the
+    GPT (an embedding tied to its head) the head's gradient too, fused with
+    the embedding's into one addmm (not split as in fxckpt's own plans:
+    3.7e-9 off). One thread: on several, Inductor's CPU kernel that
+    accumulates an embedding's gradient is not deterministic."""
     with inductor_config.patch(fallback_random=True):
         torch._dynamo.reset()
         with torch.device(device):
