@@ -245,9 +245,9 @@ def test_bases_tied_in_peak_and_cost_are_started_from_once():
 
     def found(tied: bool):
         return [Candidate(replace(plans["per_block"], solver="per_block"), None,
-                                   Timeline(80), 0.5),
+                          Timeline(80), 0.5),
                 Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
-                                   Timeline(80 if tied else 81), 0.5)]
+                          Timeline(80 if tied else 81), 0.5)]
 
     frontier._recomputed_again(problem, candidate, found(tied=False))
     assert {name.split("+")[0] for name in started} == {"per_block", "lean_blocks"}
@@ -276,9 +276,9 @@ def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
 
     def found(held: int):
         return [Candidate(replace(plans["per_block"], solver="per_block"), None,
-                                   Timeline(80, 70), 0.5),
+                          Timeline(80, 70), 0.5),
                 Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
-                                   Timeline(90, held), 0.4)]
+                          Timeline(90, held), 0.4)]
 
     frontier._recomputed_again(problem, candidate, found(held=79))
     assert set(started) == {"per_block", "lean_blocks"}

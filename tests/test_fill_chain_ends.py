@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fxckpt.solve import fast
+from fxckpt.solve.candidates import masks
 from fxckpt.solve.ilp import solve_ilp
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
@@ -29,7 +30,7 @@ def _ratios(problem) -> list[float]:
     """Fast over exact cost, on the proxy, at targets from 70% to 95% of
     the runtime-optimal plan's proxy peak."""
     price = fast._objective_of(problem)
-    top = problem.peak(*_masks(problem, runtime_optimal(problem)))
+    top = problem.peak(*masks(problem, runtime_optimal(problem)))
     ratios = []
     for fraction in np.linspace(0.70, 0.95, 8):
         target = fraction * top
@@ -38,11 +39,6 @@ def _ratios(problem) -> list[float]:
         assert problem.peak(*plan) <= target
         ratios.append(price(*plan) / exact if exact > 0 else 1.0)
     return ratios
-
-
-def _masks(problem, decision):
-    return tuple(np.array([name in names for name in problem.names])
-                 for names in (decision.saved, decision.recomputed, decision.offloaded))
 
 
 def test_free_values_that_end_a_costly_chain_are_weighed(gpt2_problem):

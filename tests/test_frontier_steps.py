@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import importlib
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -31,6 +30,7 @@ from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
+from fxckpt.solve.candidates import masks
 from fxckpt.solve.fills import step_fills
 from fxckpt.solve.frontier import pareto_frontier, solve_budgeted
 from fxckpt.solve.problem import build_problem
@@ -45,10 +45,6 @@ except ImportError:  # pragma: no cover
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
 fills_module = importlib.import_module("fxckpt.solve.fills")
-
-
-def _masks(problem, names):
-    return np.array([n in names for n in problem.names])
 
 
 def _frontier(problem, solver):
@@ -77,9 +73,7 @@ def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
         plain = _frontier(problem, solver)
     assert not any(c.decision.solver == "fill" for c in plain)
     for c in filled:
-        masks = [_masks(problem, names) for names in
-                 (c.decision.saved, c.decision.recomputed, c.decision.offloaded)]
-        assert problem.is_feasible(*masks) == ""
+        assert problem.is_feasible(*masks(problem, c.decision)) == ""
     for budget in sorted({c.peak for c in filled + plain}):
         with_fills, without = _cost_at(filled, budget), _cost_at(plain, budget)
         assert (with_fills is None) == (without is None)
