@@ -158,46 +158,51 @@ def _repaired_misses(problem: Problem, budget: float, price, over: list,
 
 def repaired(problem: Problem, budget: float, plan, width: int = _FILL_CANDIDATES) -> tuple | None:
     """A plan within ``budget`` made from ``plan``, over it by at most
-    ``_REPAIR_REACH``, by recomputing saved values live at the proxy's peak,
-    most peak lowered per recompute added first (each either simply dropped
-    from the saved set, or dropped with its inputs saved instead); None if
-    ``_REPAIR_ROUNDS`` rounds do not get there. The rounded and cut plans
-    can all miss a budget the exact programme meets: on the compile suite's
-    8-layer GPT, a target 0.2% under the lowest of them, where the ILP
-    found a plan costing 13.9 us and this one costing 14.7 us. ``width``:
-    the values weighed each round, those freeing most bytes per recompute
+    ``_REPAIR_REACH``, by recomputing saved values live at the proxy's peak
+    (``lowered``, one move a round); None if ``_REPAIR_ROUNDS`` rounds do
+    not get there. The rounded and cut plans can all miss a budget the
+    exact programme meets: on the compile suite's 8-layer GPT, a target
+    0.2% under the lowest of them, where the ILP found a plan costing
+    13.9 us and this one costing 14.7 us. ``width``: the values weighed
+    each round, those freeing most bytes per recompute cost."""
+    if problem.peak(*plan) > budget * (1 + _REPAIR_REACH):
+        return None
+    for _ in range(_REPAIR_ROUNDS):
+        if problem.peak(*plan) <= budget:
+            return plan
+        plan = lowered(problem, plan, width)
+        if plan is None:
+            return None
+    return plan if problem.peak(*plan) <= budget else None
+
+
+def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | None:
+    """``plan`` (saved, recomputed, offloaded) with one saved value live at
+    the proxy's peak recomputed instead, the move lowering that peak most
+    per recompute added (the value simply dropped from the saved set, or
+    dropped with its inputs saved instead); None if no move lowers it.
+    ``width``: the values weighed, those freeing most bytes per recompute
     cost."""
     saved, recomputed, offloaded = plan
     live = problem.stage_live(saved, recomputed, offloaded)
-    if live.max() > budget * (1 + _REPAIR_REACH):
-        return None
-    cost = problem.plan_cost(recomputed)
-    for _ in range(_REPAIR_ROUNDS):
-        peak = float(live.max())
-        if peak <= budget:
-            return saved, recomputed, offloaded
-        at_peak = np.flatnonzero(saved & (problem.stage_saved[int(live.argmax())] > 0)
-                                 & problem.can_recompute & (problem.size > 0))
-        at_peak = sorted(at_peak, key=lambda i: -problem.size[i] / (problem.cost[i] + 1e-12))
-        best = None
-        for i in at_peak[:width]:
-            for trial in (_unsaved(problem, saved, i, inputs) for inputs in (False, True)):
-                if trial is None:
-                    continue
-                # What must be offloaded when saved is, if newly saved.
-                trial = (*trial, (offloaded | problem.must_offload) & trial[0])
-                trial_live = problem.stage_live(*trial)
-                lowered = peak - float(trial_live.max())
-                if lowered <= 0:
-                    continue
-                score = lowered / (max(problem.plan_cost(trial[1]) - cost, 0.0) + 1e-12)
-                if best is None or score > best[0]:
-                    best = (score, trial, trial_live)
-        if best is None:
-            return None
-        _, (saved, recomputed, offloaded), live = best
-        cost = problem.plan_cost(recomputed)
-    return (saved, recomputed, offloaded) if live.max() <= budget else None
+    peak, cost = float(live.max()), problem.plan_cost(recomputed)
+    at_peak = np.flatnonzero(saved & (problem.stage_saved[int(live.argmax())] > 0)
+                             & problem.can_recompute & (problem.size > 0))
+    at_peak = sorted(at_peak, key=lambda i: -problem.size[i] / (problem.cost[i] + 1e-12))
+    best = None
+    for i in at_peak[:width]:
+        for trial in (_unsaved(problem, saved, i, inputs) for inputs in (False, True)):
+            if trial is None:
+                continue
+            # What must be offloaded when saved is, if newly saved.
+            trial = (*trial, (offloaded | problem.must_offload) & trial[0])
+            drop = peak - problem.peak(*trial)
+            if drop <= 0:
+                continue
+            score = drop / (max(problem.plan_cost(trial[1]) - cost, 0.0) + 1e-12)
+            if best is None or score > best[0]:
+                best = (score, trial)
+    return None if best is None else best[1]
 
 
 def _unsaved(problem: Problem, saved: np.ndarray, i: int, inputs: bool):

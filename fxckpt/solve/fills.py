@@ -85,20 +85,28 @@ def steps_filled(problem: Problem, candidate: Evaluated,
     chosen are those a budget loses most on, the widest in peak times the
     steepest in cost (log ratios), at most ``_STEP_FILLS`` (fewer on large
     graphs)."""
-    frontier = non_dominated(found)
-    steps = []
-    for lower, upper in zip(frontier, frontier[1:]):
-        if lower.decision.again or lower.cost <= upper.cost * _STEP_RATIO:
-            continue
-        loss = np.log(upper.peak / max(lower.peak, 1)) * \
-            np.log((lower.cost + 1e-12) / (upper.cost + 1e-12))
-        steps.append((-loss, len(steps), lower, upper))
+    steps = [(lower, upper) for lower, upper in steep_steps(found) if not lower.decision.again]
     count = min(_STEP_FILLS, _STEP_WORK // max(problem.n, 1))
     added: list[Candidate] = []
-    for _, _, lower, upper in sorted(steps)[:count]:
+    for lower, upper in steps[:count]:
         for seen, start, low, high in _spans(problem, lower, upper):
             added.append(candidate(_filled(seen, (low + high) / 2, start)))
     return added
+
+
+def steep_steps(found: list[Candidate]) -> list[tuple[Candidate, Candidate]]:
+    """(lower, upper) neighbours on the frontier of ``found`` where the
+    lower plan costs more than ``_STEP_RATIO`` times the upper one, those
+    a budget between loses most on first: the widest in peak times the
+    steepest in cost (log ratios)."""
+    frontier = non_dominated(found)
+    steps = []
+    for lower, upper in zip(frontier, frontier[1:]):
+        if lower.cost > upper.cost * _STEP_RATIO:
+            loss = np.log(upper.peak / max(lower.peak, 1)) * \
+                np.log((lower.cost + 1e-12) / (upper.cost + 1e-12))
+            steps.append((-loss, len(steps), lower, upper))
+    return [(lower, upper) for _, _, lower, upper in sorted(steps)]
 
 
 def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,

@@ -11,7 +11,8 @@ where the budget falls inside a step of the frontier, that plan filled
 towards the cheaper plan above it (solve/fills.py's ``step_fills``: a
 fixed few per step) where one fits. The frontier holds filled plans too:
 inside its steep steps, and the runtime-optimal plan filled at its own
-peak at its top.
+peak at its top; and, inside the steep steps, their cheaper plans walked
+down one recomputed value at a time (solve/descents.py).
 
 Below the lowest peak single recomputation reaches, the lowest plans are
 tried again with values recomputed more than once (solve/again.py): each
@@ -35,7 +36,7 @@ import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
-from fxckpt.solve import fills
+from fxckpt.solve import descents, fills
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
 from fxckpt.solve.candidates import (Candidate, Evaluate, mask, non_dominated, plan_cost,
@@ -209,6 +210,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     # (tiny HF Llama: the floor rose from 110,280 to 118,216 bytes).
     found += _recomputed_again(problem, candidate, found, again_from_seeds)
     found += fills.steps_filled(problem, candidate, found)
+    found += descents.steps_descended(problem, candidate, found)
     return non_dominated(found)
 
 

@@ -1,0 +1,79 @@
+"""Plans walked down: the cheaper plan of a steep step of the frontier
+lowered one recomputed value at a time, towards the dearer plan's peak.
+
+The fills (solve/fills.py) climb a step from below: the dearer plan with
+recomputed values saved back. A descent goes the other way. A plan found
+at a sweep target can peak a few percent above what the proxy read for
+it, where the proxy has no stage at the point it peaks. The plan below it
+on the frontier can then cost several times more, and a budget between
+the two pays that. Measured where it peaks (fills.as_seen_from), the proxy
+reads the cheaper plan close to its exact peak. There, recomputing the
+saved values live at that peak lowers the plan for little cost, one move
+at a time (fast.lowered), each move's plan evaluated exactly.
+
+On the compile suite's 4-layer GPT with the fast solver, the plan at
+993,800 B cost 15.6 us, and the one below it at 979,592 B cost 119.9 us
+(a per-part plan recomputing again). One move gave 977,160 B at 16.6 us.
+The exact programme had found 973,320 B at 15.5 us there. On tiny HF GPT-2
+two moves from 201,992 B at 3.60 us gave 197,768 B at 4.07 us, below a
+step to 195,720 B at 8.68 us.
+
+A descent starts only from a step's cheaper plan, and it stops at the
+first plan below the dearer plan's peak, or at one that costs as much as
+the dearer plan. It runs after the other stages, so it only adds plans
+to the frontier, never changes which plans the other stages start from.
+"""
+
+from __future__ import annotations
+
+from fxckpt.solve.candidates import Candidate, masks
+from fxckpt.solve.fast import lowered
+from fxckpt.solve.fills import Evaluated, as_seen_from, steep_steps
+from fxckpt.solve.problem import Problem, to_decision
+
+# Steps descended: the _STEPS that a budget loses most on
+# (fills.steep_steps), fewer on large graphs as every move is evaluated
+# exactly (6 up to 1,066 forward values, 1 from 3,200 to 6,400, none
+# beyond); each gets up to _MOVES moves, weighing the _WIDTH values that
+# free most bytes per recompute cost. On the compile suite's 4-layer GPT
+# (solver="auto") 6 steps took planning from 0.70 to 0.72 s and 12 steps
+# to 0.93 s; over 41 budgets on it, tiny HF GPT-2 and tiny HF Llama, 12
+# steps cost 0.2-1.4% less than 6 (geometric mean, fast and exact
+# alike). Weighing 64 values rather than 16 took 0.05 s more for no
+# cheaper plan.
+_STEPS = 6
+_WORK = 6_400
+_MOVES = 4
+_WIDTH = 16
+
+
+def steps_descended(problem: Problem, candidate: Evaluated,
+                    found: list[Candidate]) -> list[Candidate]:
+    """Every plan made walking down the frontier's steep steps: for each,
+    the cheaper plan lowered (fast.lowered) in the proxy as seen from it,
+    each move evaluated by ``candidate``. Steps are ranked as the fills
+    rank them (fills.steep_steps)."""
+    steps = [(lower, upper) for lower, upper in steep_steps(found) if not upper.decision.again]
+    count = min(_STEPS, _WORK // max(problem.n, 1))
+    made: list[Candidate] = []
+    for lower, upper in steps[:count]:
+        made += _descent(problem, candidate, lower, upper)
+    return made
+
+
+def _descent(problem: Problem, candidate: Evaluated, lower: Candidate,
+             upper: Candidate) -> list[Candidate]:
+    """The plans ``upper`` lowered to, one move each, until one peaks below
+    ``lower`` or costs as much as it."""
+    seen = as_seen_from(problem, upper)
+    plan = masks(seen, upper.decision)
+    made: list[Candidate] = []
+    for _ in range(_MOVES):
+        plan = lowered(seen, plan, _WIDTH)
+        if plan is None:
+            break
+        made.append(candidate(to_decision(problem, *plan, solver="descent", seconds=0.0,
+                                          gap=None, budget_bytes=None)))
+        if made[-1].peak < lower.peak or made[-1].cost >= lower.cost:
+            break
+    return made
