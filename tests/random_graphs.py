@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxckpt.solve.frontier import pareto_frontier
+from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile, Tag
 
 
@@ -92,3 +94,17 @@ def proxy_evaluate(problem):
                             mask(decision.offloaded))
         return None, SimpleNamespace(peak_bytes=int(np.ceil(peak)), peak_at="x")
     return evaluate
+
+
+def proxy_frontier(problem, solver):
+    """The whole frontier of ``problem`` with ``proxy_evaluate`` as its exact
+    model, started from the runtime-optimal plan."""
+    evaluate = proxy_evaluate(problem)
+    optimal = runtime_optimal(problem)
+    return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)))
+
+
+def cost_at(frontier, budget):
+    """The least cost of a plan of ``frontier`` within ``budget`` (None: none fits)."""
+    costs = [c.cost for c in frontier if c.peak <= budget]
+    return min(costs) if costs else None

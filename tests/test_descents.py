@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import importlib
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,29 +21,17 @@ import fxckpt
 from fxckpt.bench.compile import gpt_step
 from fxckpt.solve.candidates import masks
 from fxckpt.solve.fast import lowered
-from fxckpt.solve.frontier import pareto_frontier
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import proxy_evaluate, random_profile
+    from tests.random_graphs import cost_at, proxy_frontier, random_profile
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import proxy_evaluate, random_profile
+    from random_graphs import cost_at, proxy_frontier, random_profile
 
 descents_module = importlib.import_module("fxckpt.solve.descents")
-
-
-def _frontier(problem, solver):
-    evaluate = proxy_evaluate(problem)
-    optimal = runtime_optimal(problem)
-    return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)))
-
-
-def _cost_at(frontier, budget):
-    costs = [c.cost for c in frontier if c.peak <= budget]
-    return min(costs) if costs else None
 
 
 @settings(max_examples=20, deadline=None)
@@ -70,15 +57,15 @@ def test_each_move_lowers_the_proxy_peak_and_leaves_a_runnable_plan(seed, offloa
 def test_descended_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
-    descended = _frontier(problem, solver)
+    descended = proxy_frontier(problem, solver)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(descents_module, "_STEPS", 0)
-        plain = _frontier(problem, solver)
+        plain = proxy_frontier(problem, solver)
     assert not any(c.decision.solver == "descent" for c in plain)
     for c in descended:
         assert problem.is_feasible(*masks(problem, c.decision)) == ""
     for budget in sorted({c.peak for c in descended + plain}):
-        with_descents, without = _cost_at(descended, budget), _cost_at(plain, budget)
+        with_descents, without = cost_at(descended, budget), cost_at(plain, budget)
         assert (with_descents is None) == (without is None)
         if without is not None:
             assert with_descents <= without + 1e-15

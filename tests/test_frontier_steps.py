@@ -38,24 +38,13 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import proxy_evaluate, random_profile
+    from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import proxy_evaluate, random_profile
+    from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
 fills_module = importlib.import_module("fxckpt.solve.fills")
-
-
-def _frontier(problem, solver):
-    evaluate = proxy_evaluate(problem)
-    optimal = runtime_optimal(problem)
-    return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)))
-
-
-def _cost_at(frontier, budget):
-    costs = [c.cost for c in frontier if c.peak <= budget]
-    return min(costs) if costs else None
 
 
 @settings(max_examples=20, deadline=None)
@@ -68,14 +57,14 @@ def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
         # The steps' fills alone: the runtime-optimal plan filled (the
         # frontier's top, tests/test_frontier_top.py) is a fill too.
         patch.setattr(fills_module, "top_filled", lambda problem, candidate, optimal: [])
-        filled = _frontier(problem, solver)
+        filled = proxy_frontier(problem, solver)
         patch.setattr(fills_module, "_STEP_FILLS", 0)
-        plain = _frontier(problem, solver)
+        plain = proxy_frontier(problem, solver)
     assert not any(c.decision.solver == "fill" for c in plain)
     for c in filled:
         assert problem.is_feasible(*masks(problem, c.decision)) == ""
     for budget in sorted({c.peak for c in filled + plain}):
-        with_fills, without = _cost_at(filled, budget), _cost_at(plain, budget)
+        with_fills, without = cost_at(filled, budget), cost_at(plain, budget)
         assert (with_fills is None) == (without is None)
         if without is not None:
             assert with_fills <= without + 1e-15
@@ -147,7 +136,7 @@ def test_a_budget_inside_a_step_takes_the_last_fitting_plan_of_the_filled_fronti
         last = [c for c in extended if c.peak <= budget][-1]
         assert _key(decision) == _key(last.decision)
         assert timeline.peak_bytes == last.peak <= budget
-        assert last.cost <= _cost_at(frontier, budget) + 1e-15
+        assert last.cost <= cost_at(frontier, budget) + 1e-15
     for plan in frontier:
         decision, _, _ = solve_budgeted(problem, evaluate, plan.peak, solver,
                                         runtime_optimal=started_from, frontier=frontier)
