@@ -46,7 +46,6 @@ def test_each_move_lowers_the_proxy_peak_and_leaves_a_runnable_plan(seed, offloa
         if made is None:
             break
         assert problem.peak(*made) < problem.peak(*plan)
-        assert problem.plan_cost(made[1], made[2]) >= problem.plan_cost(plan[1], plan[2])
         assert problem.is_feasible(*made) == ""
         plan = made
 

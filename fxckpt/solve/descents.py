@@ -64,13 +64,19 @@ def steps_descended(problem: Problem, candidate: Evaluated,
 def _descent(problem: Problem, candidate: Evaluated, lower: Candidate,
              upper: Candidate) -> list[Candidate]:
     """The plans ``upper`` lowered to, one move each, until one peaks below
-    ``lower`` or costs as much as it."""
+    ``lower`` or costs as much as it, or overrides more user preferences
+    (tags PREFER_SAVE, PREFER_RECOMPUTE, *_CPU_OFFLOAD) than ``lower``."""
+    # A budget inside the step gets ``lower`` without a descent: no plan
+    # made overrides more user preferences than it does.
+    allowed = len(problem.overrides(*masks(problem, lower.decision)))
     seen = as_seen_from(problem, upper)
     plan = masks(seen, upper.decision)
+    if len(seen.overrides(*plan)) > allowed:
+        return []
     made: list[Candidate] = []
     for _ in range(_MOVES):
         plan = lowered(seen, plan, _WIDTH)
-        if plan is None:
+        if plan is None or len(seen.overrides(*plan)) > allowed:
             break
         made.append(candidate(to_decision(problem, *plan, solver="descent", seconds=0.0,
                                           gap=None, budget_bytes=None)))

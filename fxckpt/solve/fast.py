@@ -179,13 +179,15 @@ def repaired(problem: Problem, budget: float, plan, width: int = _FILL_CANDIDATE
 def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | None:
     """``plan`` (saved, recomputed, offloaded) with one saved value live at
     the proxy's peak recomputed instead, the move lowering that peak most
-    per recompute added (the value simply dropped from the saved set, or
-    dropped with its inputs saved instead); None if no move lowers it.
-    ``width``: the values weighed, those freeing most bytes per recompute
-    cost."""
+    per unit of the strategies' objective added (recompute, with penalties
+    where a move overrides a user preference, and transfers: ``price``);
+    the value simply dropped from the saved set, or dropped with its inputs
+    saved instead. None if no move lowers it. ``width``: the values
+    weighed, those freeing most bytes per recompute cost."""
     saved, recomputed, offloaded = plan
     live = problem.stage_live(saved, recomputed, offloaded)
-    peak, cost = float(live.max()), problem.plan_cost(recomputed)
+    price = _objective_of(problem)
+    peak, cost = float(live.max()), price(*plan)
     at_peak = np.flatnonzero(saved & (problem.stage_saved[int(live.argmax())] > 0)
                              & problem.can_recompute & (problem.size > 0))
     at_peak = sorted(at_peak, key=lambda i: -problem.size[i] / (problem.cost[i] + 1e-12))
@@ -199,7 +201,7 @@ def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | No
             drop = peak - problem.peak(*trial)
             if drop <= 0:
                 continue
-            score = drop / (max(problem.plan_cost(trial[1]) - cost, 0.0) + 1e-12)
+            score = drop / (max(price(*trial) - cost, 0.0) + 1e-12)
             if best is None or score > best[0]:
                 best = (score, trial)
     return None if best is None else best[1]
