@@ -5,7 +5,8 @@ value at a time (solve/fast.py's ``lowered``). Checked on random graphs
 frontier is never costlier at any budget, every plan runnable) and on the
 compile suite's 4-layer GPT with the fast solver, where the sweep left a
 step from 15.6 us to 119.9 us of recompute within 1.5% of peak: a
-descended plan lies inside it, and trains bitwise equal to eager."""
+descended plan lies inside it, a budget at its peak holds the step's
+measured peak within it, and trains bitwise equal to eager."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import fxckpt
 from fxckpt.bench.compile import gpt_step
+from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.solve.candidates import masks
 from fxckpt.solve.fast import lowered
 from fxckpt.solve.problem import build_problem
@@ -90,7 +92,9 @@ def test_a_descended_plan_closes_a_steep_step_and_trains_bitwise(reset_dynamo):
     backend = fxckpt.backend(compiler="eager", solver="fast", budget=chosen.peak_bytes)
     compiled = torch.compile(copy.deepcopy(step), backend=backend)
     ours = run_step(compiled, inputs, lambda loss: loss)
+    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
     reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
     assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
     assert backend.plans[0].peak_bytes <= chosen.peak_bytes
+    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
     assert_bitwise_equal(ours, reference)
