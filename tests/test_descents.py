@@ -21,17 +21,20 @@ from hypothesis import strategies as st
 import fxckpt
 from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.solve.candidates import masks
+from fxckpt.solve.candidates import masks, plan_cost
 from fxckpt.solve.fast import lowered
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
+from fxckpt.solve.fills import step_fills
+from fxckpt.solve.frontier import solve_budgeted, step_plans
+
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import cost_at, proxy_frontier, random_profile
+    from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import cost_at, proxy_frontier, random_profile
+    from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 
 descents_module = importlib.import_module("fxckpt.solve.descents")
 
@@ -72,6 +75,43 @@ def test_descended_steps_never_cost_more_and_stay_runnable(seed, solver, offload
             assert with_descents <= without + 1e-15
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast"]),
+       st.booleans())
+def test_a_budget_inside_a_step_also_gets_the_upper_plan_walked_down(seed, solver, offload):
+    """At selection the budget's step offers the lower plan filled
+    (fills.step_fills) and the upper plan walked down
+    (descents.step_descents): each plan inside the step, runnable; a budget
+    pays no more than with the fills alone, and never more than a smaller
+    budget."""
+    profile, tags = random_profile(seed, offload=offload)
+    problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
+    evaluate = proxy_evaluate(problem)
+    optimal = runtime_optimal(problem)
+    frontier = proxy_frontier(problem, solver)
+    budgets = []
+    for lower, upper in zip(frontier, frontier[1:]):
+        inside = step_plans(problem, evaluate, lower, upper)
+        fills = [c for c in step_fills(problem, evaluate, lower, upper)]
+        for c in inside:
+            assert lower.peak < c.peak < upper.peak and upper.cost < c.cost < lower.cost
+            assert problem.is_feasible(*masks(problem, c.decision)) == ""
+        for budget in sorted({c.peak for c in inside + fills} | {upper.peak - 1}):
+            with_both = cost_at([lower] + inside, budget)
+            assert with_both <= cost_at([lower] + fills, budget) + 1e-15
+            budgets.append(budget)
+    costs = [evaluate_cost(problem, evaluate, budget, solver, optimal, frontier)
+             for budget in sorted(budgets)]
+    assert all(a >= b - 1e-15 for a, b in zip(costs, costs[1:]))
+
+
+def evaluate_cost(problem, evaluate, budget, solver, optimal, frontier):
+    decision, _, _ = solve_budgeted(problem, evaluate, budget, solver,
+                                    runtime_optimal=(optimal, *evaluate(optimal)),
+                                    frontier=frontier)
+    return plan_cost(problem, decision)
+
+
 def test_a_descended_plan_closes_a_steep_step_and_trains_bitwise(reset_dynamo):
     step, inputs = gpt_step(4)
     sweep = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
@@ -96,5 +136,38 @@ def test_a_descended_plan_closes_a_steep_step_and_trains_bitwise(reset_dynamo):
     reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
     assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
     assert backend.plans[0].peak_bytes <= chosen.peak_bytes
+    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
+    assert_bitwise_equal(ours, reference)
+
+
+def test_tiny_llama_budgets_get_the_upper_plan_walked_down(reset_dynamo):
+    """Tiny HF Llama (no weights), solver="auto": the plans a budget inside
+    a step gets from its upper plan walked down (descents.step_descents,
+    solver "step descent") make some budget pay less than half of what the
+    fills alone leave it; a budget at such a plan's peak compiles exactly
+    that plan, holds its measured peak, and trains bitwise equal to eager."""
+    pytest.importorskip("transformers")
+    from fxckpt.bench.ways import Step
+    from fxckpt.bench.zoo import make_bench_model
+
+    model, inputs, loss_fn = make_bench_model("hf_llama", size="tiny")
+    step = Step(model, loss_fn)
+    walked = fxckpt.pareto(step, *inputs, compiler="eager", solver="auto")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(descents_module, "_STEP_MOVES", 0)
+        plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="auto")
+    assert not any(p.solver == "step descent" for p in plain.frontier)
+    made = [p for p in walked.frontier if p.solver == "step descent"]
+    gain, chosen = max(
+        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
+         / p.recompute_cost, p.peak_bytes, p) for p in made)[::2]
+    assert gain > 2.0
+
+    backend = fxckpt.backend(compiler="eager", solver="auto", budget=chosen.peak_bytes)
+    compiled = torch.compile(copy.deepcopy(step), backend=backend)
+    ours = run_step(compiled, inputs, lambda loss: loss)
+    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
+    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
+    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
     assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
     assert_bitwise_equal(ours, reference)

@@ -43,8 +43,7 @@ from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.report.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
 from fxckpt.solve.candidates import Evaluate
-from fxckpt.solve.fills import step_fills
-from fxckpt.solve.frontier import NoPlanFits, pareto_frontier, solve_budgeted
+from fxckpt.solve.frontier import NoPlanFits, pareto_frontier, solve_budgeted, step_plans
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -323,9 +322,9 @@ class Frontier:
     """Every plan a budget can select for one graph (see fxckpt.pareto).
 
     ``plans`` are the frontier of solve/frontier.py with the plans filled
-    inside its steps (solve/fills.py's ``step_fills``), lowest peak first,
-    each recomputing strictly less than the one before; ``runtime_optimal``
-    is the plan without a budget."""
+    inside its steps and walked down them (solve/frontier.py's
+    ``step_plans``), lowest peak first, each recomputing strictly less than
+    the one before; ``runtime_optimal`` is the plan without a budget."""
 
     runtime_optimal: Plan
     plans: tuple[Plan, ...]
@@ -371,7 +370,7 @@ class FrontierPlanner(Planner):
             # What a budget inside each step gets besides the step's lower plan.
             candidates = sorted(candidates + [
                 c for lower, upper in zip(candidates, candidates[1:])
-                for c in step_fills(problem, evaluate, lower, upper)], key=lambda c: c.peak)
+                for c in step_plans(problem, evaluate, lower, upper)], key=lambda c: c.peak)
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
                                    clock=clock, graph_id=graph_id) for c in candidates)
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))

@@ -46,18 +46,20 @@ from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
 
-# solver="auto" sweeps with the exact ILP up to this many forward values
-# (its targets off the sweep, with the fast solver: ``pareto_frontier``).
-# On the compile suite's 4-layer GPT (387 values) the six side targets took
-# 0.2 s of its 1.2 s of planning with the ILP; aimed with the fast solver,
-# the frontier costs 0.97x that with the ILP there (geometric mean over 41
-# budgets; worst budget +12.9%, best -25%), 0.91x stop 41's (worst +1.1%).
-# With steep steps walked down (solve/descents.py) the fast sweep alone
-# costs what the ILP's does over 81 budgets (geometric mean 0.98x-1.01x on
-# five graphs of 211-387 values) and plans that 4-layer GPT's frontier in
-# 0.46 s against 0.69 s; but on the zoo's resnet_inplace under Inductor
-# its floor read 642,288 B against 527,792 B (the lowest plans, which
-# recomputing again starts from, differ), so the limit stays.
+# solver="auto" sweeps with the fast solver and, on graphs up to this many
+# forward values, also aims just under the lowest peak found with the exact
+# ILP (``pareto_frontier``). Until stop 47 it swept with the ILP there: on
+# the compile suite's 4-layer GPT (387 values) 10 integer programmes took
+# 0.34 s of its planning (each solved at the root: no start helps), and
+# with steep steps walked down (solve/descents.py) the fast sweep's
+# frontier costs what the ILP's does (81 budgets, geometric mean 1.003x on
+# that GPT, 0.997x on tiny HF GPT-2, 1.004x on tiny HF Llama; worst budget
+# +7%, +14%, +17%, best -7%, -9%, -7%). The ILP under the lowest peak keeps
+# the floors, which the fast sweep alone moved (resnet_inplace under
+# Inductor 642,288 B against 527,792 B: recomputing again starts from the
+# lowest plans); with it they are unchanged (resnet_inplace 562,512 B eager,
+# 527,792 B Inductor; zoo GPT 2,464,008 and 2,595,368 B), and that GPT's
+# planning fell from 1.37 to 1.09 s.
 ILP_MAX_VALUES = 400
 # Targets step down geometrically from the runtime-optimal peak.
 _TARGET_RATIO = 0.96
@@ -128,11 +130,21 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     if above:
         # Inside a step: the plan below filled towards the one above.
         upper = min(above, key=lambda c: c.peak)
-        filled = [c for c in fills.step_fills(problem, evaluate, chosen, upper)
-                  if c.peak <= budget]
-        chosen = filled[-1] if filled else chosen
+        inside = [c for c in step_plans(problem, evaluate, chosen, upper) if c.peak <= budget]
+        chosen = inside[-1] if inside else chosen
     decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
     return decision, chosen.rewritten, chosen.timeline
+
+
+def step_plans(problem: Problem, evaluate: Evaluate, lower: Candidate,
+               upper: Candidate) -> list[Candidate]:
+    """What a budget inside the step from ``lower`` to ``upper`` (neighbours
+    on the frontier) can take besides ``lower``: ``lower`` filled towards
+    ``upper`` (fills.step_fills) and ``upper`` walked down towards ``lower``
+    (descents.step_descents), those no other beats, lowest peak first, each
+    cheaper than the one before."""
+    return non_dominated(fills.step_fills(problem, evaluate, lower, upper)
+                         + descents.step_descents(problem, evaluate, lower, upper))
 
 
 def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
@@ -140,7 +152,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     """Plans on the exact peak / time cost frontier, lowest peak first.
     ``again_from_seeds``: values recomputed again start from the region
     seeds too (not where a compiler reorders and fuses the copies: Inductor)."""
-    strategy = _pick(solver, problem)
+    strategy = _ilp if solver == "ilp" else _fast
     # Strategies and targets often land on the same plan: each distinct
     # plan is rewritten and simulated once.
     evaluated: dict[tuple, tuple] = {plan_key(runtime_optimal[0]): runtime_optimal[1:]}
@@ -198,16 +210,17 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         if stalls >= _STALLS_BEFORE_STOP:
             break
     found += fills.top_filled(problem, candidate, found[0])
-    # The targets off the sweep (under the lowest peak, inside its gaps)
-    # are guesses at where the proxy misled it: solver="auto" aims at them
-    # with the fast solver whatever the sweep's.
-    aside = _fast if solver == "auto" else strategy
-    found += _below_lowest(lambda target: solved(target, how=aside),
+    found += _below_lowest(lambda target: solved(target),
                            min(c.peak for c in found))
-    if problem is not base:
-        found += _below_lowest(lambda target: solved(target, base, aside),
+    if solver == "auto" and base.n <= ILP_MAX_VALUES:
+        # The exact programme aims under the lowest peak too: the plans
+        # recomputing again starts from are the lowest ones.
+        found += _below_lowest(lambda target: solved(target, how=_ilp),
                                min(c.peak for c in found))
-    found += _fill_gaps(lambda target: solved(target, base, aside), found, ratio)
+    if problem is not base:
+        found += _below_lowest(lambda target: solved(target, base),
+                               min(c.peak for c in found))
+    found += _fill_gaps(lambda target: solved(target, base), found, ratio)
     found += _cut_plans(base, candidate, found, cuts)
     # Recomputing again before the steps are filled: a filled plan peaks
     # about as low as the plan it fills and costs less, so it would take
@@ -410,12 +423,6 @@ def _below_lowest(solved, lowest: int) -> list[Candidate]:
             break
         lowest = found[-1].peak
     return found
-
-
-def _pick(solver: str, problem: Problem):
-    if solver == "ilp" or (solver == "auto" and problem.n <= ILP_MAX_VALUES):
-        return _ilp
-    return _fast
 
 
 def _ilp(problem, target, cuts, relaxations):
