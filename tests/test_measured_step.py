@@ -49,7 +49,7 @@ def test_a_step_over_its_byte_budget_warns_with_the_excess():
     allocator = FakeAllocator(allocated=1_000, peak=2_000)
     backend = _watching(10_000, allocator)
     allocator.peak = 11_500         # 10,500 above the start: 500 over
-    with pytest.warns(UserWarning, match=r"over the byte budget .* lower the budget by 500 bytes"):
+    with pytest.warns(UserWarning, match=r"over the byte budget .* Lower the budget by 500 bytes"):
         backend._watch_ended()
     assert backend.first_step_peak_bytes == 10_500
 
@@ -102,13 +102,10 @@ def test_the_hooks_read_the_peak_as_the_first_backward_ends(monkeypatch):
     out = compiled(torch.randn(4, 8)).sum()
     assert reads == [0]             # read at the start only
     allocator.peak = (1 << 20) + 4096
-    with pytest.warns(UserWarning, match="lower the budget by 4096 bytes"):
+    with pytest.warns(UserWarning, match="Lower the budget by 4096 bytes"):
         out.backward()
     assert be.first_step_peak_bytes == (1 << 20) + 4096
-    # Later steps are not watched; the second one is planned with what the
-    # first measured beyond its plan set aside, more than this budget leaves.
-    with pytest.raises(fxckpt.BudgetError, match="measured beyond its plans"):
-        compiled(torch.randn(4, 8)).sum().backward()
+    compiled(torch.randn(4, 8)).sum().backward()     # later steps are not watched
     assert len(reads) == 2
 
 
@@ -121,77 +118,3 @@ def test_a_step_that_compiled_a_graph_meanwhile_is_not_read():
         warnings.simplefilter("error")
         backend._watch_ended()
     assert backend.first_step_peak_bytes is None
-
-
-def _deep_mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 1))
-
-
-def _plan_peak(budget) -> int:
-    be = fxckpt.backend(budget=budget, compiler="eager")
-    torch.compile(_deep_mlp(), backend=be)(torch.ones(32, 64)).sum().backward()
-    return be.plans[0].peak_bytes
-
-
-def _steps_measured(monkeypatch, budget: int, missed: int, steps: int):
-    """``steps`` training steps of the deep MLP under ``budget``; the first
-    one's measured peak (a stand-in allocator) is its plan's predicted peak
-    plus ``missed`` bytes the model does not know of."""
-    import fxckpt.entry.backend as backend_module
-
-    allocator = FakeAllocator(allocated=0, peak=0)
-    monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
-    monkeypatch.setattr(backend_module, "StepPeakWatch",
-                        lambda device: StepPeakWatch(device, reader=allocator))
-    model = _deep_mlp()
-    be = fxckpt.backend(budget=budget, compiler="eager")
-    compiled = torch.compile(model, backend=be)
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
-    out = compiled(x).sum()
-    allocator.peak = be.plans[-1].peak_bytes + missed
-    with pytest.warns(UserWarning, match="planned again with what the model missed set aside"):
-        out.backward()
-    for _ in range(steps - 1):
-        model.zero_grad(set_to_none=True)
-        compiled(x).sum().backward()
-    return be, model, x
-
-
-def test_what_the_first_step_measured_beyond_its_plan_is_set_aside(monkeypatch):
-    """The first step measured above its byte budget, by bytes the plans do
-    not hold (on CUDA: the user's loss outside the graphs, a kernel's
-    scratch): from the second step on the graphs are planned within the
-    budget less those bytes, with gradients unchanged."""
-    top, floor = _plan_peak(None), _plan_peak(0.0)
-    missed = (top - floor) // 2
-    be, model, x = _steps_measured(monkeypatch, top, missed, steps=3)
-    assert be.first_step_peak_bytes == top + missed
-    assert be.measured_reserve_bytes == missed
-    assert be.replans == 1
-    (entry,) = be.ledger.run_order()
-    assert entry.plan.peak_bytes <= top - missed < top
-    assert any("set aside" in note for note in entry.plan.notes)
-    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    ref = _deep_mlp()
-    ref(x).sum().backward()
-    for k, p in ref.named_parameters():
-        assert torch.equal(p.grad, grads[k]), k
-
-
-def test_a_measured_excess_below_the_floor_names_the_budget_that_works(monkeypatch):
-    """Set aside, the measured excess leaves less than the step's floor: the
-    second step raises BudgetError naming the floor plus the excess, and
-    that budget, asked for, runs every step at the floor plan."""
-    floor = _plan_peak(0.0)
-    missed = 10_000
-    with pytest.raises(fxckpt.BudgetError, match="measured beyond its plans") as refused:
-        _steps_measured(monkeypatch, floor + missed // 2, missed, steps=2)
-    assert refused.value.floor_bytes == floor + missed
-    torch._dynamo.reset()
-    be, _, _ = _steps_measured(monkeypatch, refused.value.floor_bytes, missed, steps=3)
-    (entry,) = be.ledger.run_order()
-    assert entry.plan.peak_bytes + be.measured_reserve_bytes <= refused.value.floor_bytes

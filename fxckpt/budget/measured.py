@@ -60,8 +60,6 @@ def over_budget_warning(peak: int, budget: int, device: torch.device, format_byt
             f"over the byte budget of {format_bytes(budget)} by {format_bytes(excess)}: "
             f"the memory model missed memory this step allocates (scratch of a kernel it "
             f"does not know, the allocator's rounding of large blocks, or tensors made "
-            f"outside the compiled graphs). The steps after this one are planned again "
-            f"with what the model missed set aside; lower the budget by {excess} bytes to "
-            f"keep the first step within {format_bytes(budget)} too, and `fxckpt bench "
-            f"--suite scratch --device cuda` lists the kernels whose scratch the model "
-            f"does not count.")
+            f"outside the compiled graphs). Lower the budget by {excess} bytes to keep "
+            f"the step within {format_bytes(budget)}, and `fxckpt bench --suite scratch "
+            f"--device cuda` lists the kernels whose scratch the model does not count.")

@@ -67,10 +67,6 @@ class Backend:
         # bytes, or None where not measured (no byte budget, not CUDA, or the
         # process had peaked higher before the step).
         self.first_step_peak_bytes: int | None = None
-        # What that measured peak held beyond the plans' predicted step peak
-        # (the user's loss outside the graphs, scratch the model misses), set
-        # aside from the budget when the steps after the first are planned.
-        self.measured_reserve_bytes = 0
         self._watch: StepPeakWatch | None = None
         self._watched = False
 
@@ -232,19 +228,16 @@ class Backend:
         held_by_graphs = self.ledger.held_before(frame, compile)
         held_elsewhere = self.regions.held_bytes() if self.regions is not None else 0
         held = held_by_graphs + held_elsewhere
-        remaining = budget - held - self.measured_reserve_bytes
+        remaining = budget - held
         if remaining <= 0:
             holders = [f"the {format_bytes(held_by_graphs)} that the graphs running "
                        "before this one"] if held_by_graphs else []
             if held_elsewhere:
                 holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback regions")
-            reserve = self.measured_reserve_bytes
             raise BudgetError(
                 f"the budget of {format_bytes(budget)} is used up by "
-                f"{' and '.join(holders)} save for backward"
-                + (f" and the {format_bytes(reserve)} the first step measured beyond its plans"
-                   if reserve else "") + "; raise the budget",
-                floor_bytes=held + reserve + 1)
+                f"{' and '.join(holders)} save for backward; raise the budget",
+                floor_bytes=held + 1)
         return replace(self.options, budget=Budget(bytes=remaining))
 
     def step_ended(self) -> bool:
@@ -260,10 +253,7 @@ class Backend:
     def _on_new_step(self) -> None:
         """A step ended: after the first one, if its graphs, run as often as
         they were, and the fallback regions hold more than the budget
-        allows, re-plan them once, together. Where the first step was
-        measured (CUDA) above the budget and above what its plans predicted,
-        the difference is set aside (``measured_reserve_bytes``) and the
-        step re-planned within what is left."""
+        allows, re-plan them once, together."""
         budget = self._byte_budget()
         if budget is None or self._first_step_checked:
             return
@@ -274,15 +264,10 @@ class Backend:
                                      [r.at_floor for r in regions])
         predicted = step_peak([0] * len(items), items, 0, sequence)
         over_budget, self._over_budget = self._over_budget, False
-        measured = self.first_step_peak_bytes
-        if measured is not None and measured > budget and measured > predicted:
-            self.measured_reserve_bytes = measured - predicted
-        if predicted <= budget - self.measured_reserve_bytes and not over_budget:
+        if predicted <= budget and not over_budget:
             return
         runs = {e.runs for e in self.ledger.run_order()}
-        # A measured excess was said as the first backward ended, a graph
-        # refused at its floor when it ran.
-        if not over_budget and predicted > budget:
+        if not over_budget:   # else said when the graph ran at its floor
             warnings.warn(
                 f"fxckpt: the first training step was predicted to peak at "
                 f"{format_bytes(predicted)}, over the budget of {format_bytes(budget)}"
@@ -307,7 +292,6 @@ class Backend:
         at the user's policy or at its floor (``ledger.allocate_step``);
         BudgetError naming the step's floor where no choice fits."""
         budget = self._byte_budget()
-        reserve = self.measured_reserve_bytes
         regions = self.regions.choices() if self.regions is not None else []
         order = self.ledger.run_order()
         for entry in order:
@@ -315,25 +299,21 @@ class Backend:
                 entry.frontier = self._frontier_for_runs(entry)
         graphs, runs_in_order = self._step_graphs()
         try:
-            at_floor, choice = allocate_step(graphs, runs_in_order, budget - reserve, regions)
+            at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions)
         except StepFloor as refused:
             held = sum(r.floor[1] for r in regions)
-            floor = refused.floor + reserve
             raise BudgetError(
                 f"no plans fit a budget of {format_bytes(budget)} for the whole step: its "
                 f"{len(order)} graph(s) ran {[e.runs for e in order]} time(s) each, and at "
                 f"the lowest peak each can reach the step peaks at "
-                f"{format_bytes(floor)} ({floor} bytes)"
+                f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
                 + (f", {format_bytes(held)} of it held by {len(regions)} eager fallback "
                    "region(s) at their floor (their inputs and MUST saves)"
                    if regions else "")
-                + (f", {format_bytes(reserve)} of it what the first step measured beyond "
-                   "its plans' prediction (memory outside the graphs: the loss, kernels' "
-                   "scratch)" if reserve else "")
                 + "".join(f". At its own floor, a graph that did not fit peaks at a point made of {what}"
                           for what in self._floors_made_of)
-                + f". Raise the budget to at least {floor} bytes, or shrink the "
-                "batch.", floor_bytes=floor,
+                + f". Raise the budget to at least {refused.floor} bytes, or shrink the "
+                "batch.", floor_bytes=refused.floor,
                 dominated_by="; ".join(self._floors_made_of)) from None
         if self.regions is not None:
             self.regions.choose(at_floor)
@@ -346,9 +326,7 @@ class Backend:
                 self._recompile(entry, own_peak + (runs - 1) * saved, runs, note=(
                     f"re-planned after the first step: runs {runs} time(s) per step, "
                     f"planned with the step's {len(graphs)} graph(s) and {len(regions)} "
-                    f"fallback region(s) for a step peak of {format_bytes(peak)}"
-                    + (f", {format_bytes(reserve)} set aside for what the first step "
-                       "measured beyond its plans" if reserve else "")))
+                    f"fallback region(s) for a step peak of {format_bytes(peak)}"))
 
     def _step_graphs(self, *, current: bool = False) -> tuple[list, list[int]]:
         """The last step's graphs as ``ledger.step_items`` reads them: (runs,
