@@ -114,22 +114,40 @@ def evaluate_cost(problem, evaluate, budget, solver, optimal, frontier):
 
 def test_a_descended_plan_closes_a_steep_step_and_trains_bitwise(reset_dynamo):
     step, inputs = gpt_step(4)
-    sweep = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(descents_module, "_STEPS", 0)
-        plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
-    assert not any(p.solver == "descent" for p in plain.frontier)
-    descended = [p for p in sweep.frontier if p.solver == "descent"]
-    assert descended, [(p.peak_bytes, p.solver) for p in sweep.frontier]
+    descended, plain = _made_and_plain(step, inputs, "fast", "_STEPS", "descent")
 
     # The one a budget at its peak gains most on: without descents that
     # budget paid at least twice the recompute (the step it lies in).
-    gain, chosen = max(
-        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
-         / p.recompute_cost, p.peak_bytes, p) for p in descended)[::2]
+    gain, chosen = _most_gained(descended, plain)
     assert gain > 2.0
+    _compiled_at_its_peak(step, inputs, "fast", chosen)
 
-    backend = fxckpt.backend(compiler="eager", solver="fast", budget=chosen.peak_bytes)
+
+def _made_and_plain(step, inputs, solver, switch, label):
+    """The frontier plans of solver ``label``, and the frontier with the
+    descents' constant ``switch`` at 0, which has none of them."""
+    full = fxckpt.pareto(step, *inputs, compiler="eager", solver=solver)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(descents_module, switch, 0)
+        plain = fxckpt.pareto(step, *inputs, compiler="eager", solver=solver)
+    assert not any(p.solver == label for p in plain.frontier)
+    made = [p for p in full.frontier if p.solver == label]
+    assert made, [(p.peak_bytes, p.solver) for p in full.frontier]
+    return made, plain
+
+
+def _most_gained(made, plain):
+    """(gain, plan): of ``made``, the plan a budget at its peak pays least
+    for against ``plain``'s frontier, and that ratio."""
+    return max(
+        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
+         / p.recompute_cost, p.peak_bytes, p) for p in made)[::2]
+
+
+def _compiled_at_its_peak(step, inputs, solver, chosen):
+    """A budget at ``chosen``'s peak compiles exactly that plan, whose step
+    peaks within it (measured) and trains bitwise equal to eager."""
+    backend = fxckpt.backend(compiler="eager", solver=solver, budget=chosen.peak_bytes)
     compiled = torch.compile(copy.deepcopy(step), backend=backend)
     ours = run_step(compiled, inputs, lambda loss: loss)
     measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
@@ -152,22 +170,7 @@ def test_tiny_llama_budgets_get_the_upper_plan_walked_down(reset_dynamo):
 
     model, inputs, loss_fn = make_bench_model("hf_llama", size="tiny")
     step = Step(model, loss_fn)
-    walked = fxckpt.pareto(step, *inputs, compiler="eager", solver="auto")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(descents_module, "_STEP_MOVES", 0)
-        plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="auto")
-    assert not any(p.solver == "step descent" for p in plain.frontier)
-    made = [p for p in walked.frontier if p.solver == "step descent"]
-    gain, chosen = max(
-        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
-         / p.recompute_cost, p.peak_bytes, p) for p in made)[::2]
+    made, plain = _made_and_plain(step, inputs, "auto", "_STEP_MOVES", "step descent")
+    gain, chosen = _most_gained(made, plain)
     assert gain > 2.0
-
-    backend = fxckpt.backend(compiler="eager", solver="auto", budget=chosen.peak_bytes)
-    compiled = torch.compile(copy.deepcopy(step), backend=backend)
-    ours = run_step(compiled, inputs, lambda loss: loss)
-    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
-    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
-    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
-    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
-    assert_bitwise_equal(ours, reference)
+    _compiled_at_its_peak(step, inputs, "auto", chosen)
