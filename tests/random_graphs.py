@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxckpt.solve.candidates import masks
 from fxckpt.solve.frontier import pareto_frontier
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile, Tag
@@ -108,3 +109,15 @@ def cost_at(frontier, budget):
     """The least cost of a plan of ``frontier`` within ``budget`` (None: none fits)."""
     costs = [c.cost for c in frontier if c.peak <= budget]
     return min(costs) if costs else None
+
+
+def assert_runnable_and_never_costlier(problem, richer, plain):
+    """Every plan of frontier ``richer`` runnable, and at every budget a plan
+    of either fits, ``richer``'s least cost there no more than ``plain``'s."""
+    for c in richer:
+        assert problem.is_feasible(*masks(problem, c.decision)) == ""
+    for budget in sorted({c.peak for c in richer + plain}):
+        with_more, without = cost_at(richer, budget), cost_at(plain, budget)
+        assert (with_more is None) == (without is None)
+        if without is not None:
+            assert with_more <= without + 1e-15

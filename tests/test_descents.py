@@ -31,10 +31,12 @@ from fxckpt.solve.frontier import solve_budgeted, step_plans
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
+    from tests.random_graphs import (assert_runnable_and_never_costlier, cost_at,
+                                     proxy_evaluate, proxy_frontier, random_profile)
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
+    from random_graphs import (assert_runnable_and_never_costlier, cost_at, proxy_evaluate,
+                               proxy_frontier, random_profile)
 
 descents_module = importlib.import_module("fxckpt.solve.descents")
 
@@ -66,13 +68,7 @@ def test_descended_steps_never_cost_more_and_stay_runnable(seed, solver, offload
         patch.setattr(descents_module, "_STEPS", 0)
         plain = proxy_frontier(problem, solver)
     assert not any(c.decision.solver == "descent" for c in plain)
-    for c in descended:
-        assert problem.is_feasible(*masks(problem, c.decision)) == ""
-    for budget in sorted({c.peak for c in descended + plain}):
-        with_descents, without = cost_at(descended, budget), cost_at(plain, budget)
-        assert (with_descents is None) == (without is None)
-        if without is not None:
-            assert with_descents <= without + 1e-15
+    assert_runnable_and_never_costlier(problem, descended, plain)
 
 
 @settings(max_examples=20, deadline=None)

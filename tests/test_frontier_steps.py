@@ -30,7 +30,6 @@ from fxckpt.bench.compile import gpt_step
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
-from fxckpt.solve.candidates import masks
 from fxckpt.solve.fills import step_fills
 from fxckpt.solve.frontier import pareto_frontier, solve_budgeted
 from fxckpt.solve.problem import build_problem
@@ -38,10 +37,12 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
-    from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
+    from tests.random_graphs import (assert_runnable_and_never_costlier, cost_at,
+                                     proxy_evaluate, proxy_frontier, random_profile)
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
-    from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
+    from random_graphs import (assert_runnable_and_never_costlier, cost_at, proxy_evaluate,
+                               proxy_frontier, random_profile)
 
 frontier_module = importlib.import_module("fxckpt.solve.frontier")
 fills_module = importlib.import_module("fxckpt.solve.fills")
@@ -61,13 +62,7 @@ def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
         patch.setattr(fills_module, "_STEP_FILLS", 0)
         plain = proxy_frontier(problem, solver)
     assert not any(c.decision.solver == "fill" for c in plain)
-    for c in filled:
-        assert problem.is_feasible(*masks(problem, c.decision)) == ""
-    for budget in sorted({c.peak for c in filled + plain}):
-        with_fills, without = cost_at(filled, budget), cost_at(plain, budget)
-        assert (with_fills is None) == (without is None)
-        if without is not None:
-            assert with_fills <= without + 1e-15
+    assert_runnable_and_never_costlier(problem, filled, plain)
 
 
 def test_a_budget_inside_a_steep_step_gets_a_filled_plan_that_trains_bitwise(reset_dynamo):
