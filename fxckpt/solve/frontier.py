@@ -128,7 +128,8 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     chosen = min(fitting, key=lambda c: (c.cost, c.peak))
     above = [c for c in frontier if c.peak > budget]
     if above:
-        # Inside a step: the plan below filled towards the one above.
+        # Inside a step: the plan below filled towards the one above, and
+        # the one above walked down (step_plans).
         upper = min(above, key=lambda c: c.peak)
         inside = [c for c in step_plans(problem, evaluate, chosen, upper) if c.peak <= budget]
         chosen = inside[-1] if inside else chosen
@@ -210,8 +211,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         if stalls >= _STALLS_BEFORE_STOP:
             break
     found += fills.top_filled(problem, candidate, found[0])
-    found += _below_lowest(lambda target: solved(target),
-                           min(c.peak for c in found))
+    found += _below_lowest(solved, min(c.peak for c in found))
     if solver == "auto" and base.n <= ILP_MAX_VALUES:
         # The exact programme aims under the lowest peak too: the plans
         # recomputing again starts from are the lowest ones.
