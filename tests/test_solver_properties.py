@@ -289,6 +289,33 @@ def test_binding_stages_hold_the_peak_of_every_plan(seed, offload, plan_seed):
 
 
 @SETTINGS
+@given(seeds, offload, st.integers(0, 2**32 - 1))
+def test_stage_bytes_of_a_move_are_the_plans_recounted(seed, offload, plan_seed):
+    """Problem.moved_live (the fill's moves, weighed from their plan's stage
+    bytes) equals stage_live of the moved plan to the byte, for moves of a
+    few values and of many, on the problem as built and refined."""
+    problem = _problem(seed, offload)
+    rng = np.random.default_rng(plan_seed)
+
+    def random_plan():
+        saved = rng.random(problem.n) < rng.random()
+        recomputed = rng.random(problem.n) < rng.random()
+        return saved, recomputed, saved & problem.can_offload & (rng.random(problem.n) < 0.5)
+
+    for each in (problem, problem.refined(rng.random(problem.n) < 0.5)):
+        for _ in range(10):
+            plan = random_plan()
+            live = each.stage_live(*plan)
+            flips = rng.random(problem.n) < (0.1 if rng.random() < 0.7 else 0.6)
+            saved, recomputed = plan[0] ^ flips, plan[1] ^ (flips & (rng.random(problem.n) < 0.5))
+            offloaded = saved & problem.can_offload & (rng.random(problem.n) < 0.5)
+            moved = (saved, recomputed, offloaded)
+            np.testing.assert_array_equal(each.moved_live(live, plan, moved),
+                                          each.stage_live(*moved))
+            assert each.moved_live(live, plan, plan) is live
+
+
+@SETTINGS
 @given(seeds, st.integers(0, 2**32 - 1))
 def test_computed_in_backward_is_what_backward_reaches(seed, mask_seed):
     """computed_in_backward against a plain search: the values backward

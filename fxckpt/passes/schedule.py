@@ -79,9 +79,12 @@ class ScheduleModel(KeyWalk):
         self.fwd_outputs, self.bwd_outputs = fwd_outputs, bwd_outputs
         self.first_backward = first_backward
         self.inputs = {i: node.inputs for i, node in enumerate(nodes)}
+        # Each node's inputs without repeats, in order.
+        self.distinct_inputs = [tuple(dict.fromkeys(node.inputs)) for node in nodes]
         self.primals = [i for i, n in enumerate(nodes) if n.kind == "primal"]
         self.tangents = [i for i, n in enumerate(nodes) if n.kind == "tangent"]
         self.kinds = [n.kind for n in nodes]
+        self.not_ops = {i for i, n in enumerate(nodes) if n.kind != "op"}
         self.storages = [n.storages for n in nodes]
         # Kept by dead-code elimination (random ops too), by the backward
         # schedule (random ops not): see _impure.
@@ -89,6 +92,11 @@ class ScheduleModel(KeyWalk):
         self.side_effect = {i for i, n in enumerate(nodes) if n.side_effect}
         self.getitem = {i for i, n in enumerate(nodes) if n.getitem}
         self.forward_nodes = _forward_nodes(nodes, self.primals)
+        # What forward's kept nodes read (whatever their order), its impure
+        # ones, and what its own outputs read: the same for every plan.
+        self.forward_inputs = {i: nodes[i].inputs for i in self.forward_nodes}
+        self.forward_impure = [i for i in self.forward_nodes if nodes[i].impure]
+        self.forward_live = _ancestors(fwd_outputs, self.forward_inputs)
         # Nodes reading a node the joint graph placed among backward's.
         self.reads_late = {i for i, n in enumerate(nodes)
                            if any(a >= first_backward for a in n.inputs)}
@@ -224,6 +232,8 @@ class ScheduleModel(KeyWalk):
         copy's storages (its own, or views of its inputs' copies) go to
         ``self.fresh``, as do the generator states the copies read."""
         need = self._first_needs(recomputed)
+        if not again:
+            return self._edited_once(recomputed, need)
         copies: dict[int, list] = {}
         # Values with one copy (most: all, without Decision.again) read as
         # that copy, without _pick's search.
@@ -261,6 +271,45 @@ class ScheduleModel(KeyWalk):
                                                          copies, clone, begins)))
         order = list(range(self.first_backward)) \
             + [key for r in recomputed for _, key in copies[r]] \
+            + list(range(self.first_backward, len(self.nodes)))
+        return order, inputs, copies, changed + list(users)
+
+    def _edited_once(self, recomputed: list[int], need: dict[int, int]):
+        """``_edited`` where every recomputed value has one copy, its clone
+        (no Decision.again): each reader reads it, whatever its step. The
+        same answer, by the joint graph's inputs read once (``distinct``),
+        as a plan's copies and their readers run into the thousands (a
+        64-layer GPT)."""
+        clone_keys, state_keys, nodes = self.clone_keys, self.state_keys, self.nodes
+        own_fresh, makes_own, distinct = self.own_fresh, self.makes_own, self.distinct_inputs
+        clone: dict = {}
+        get = clone.get
+        copies: dict[int, list] = {}
+        inputs: dict = {}
+        fresh = self.fresh = {}
+        for r in recomputed:
+            key = clone_keys[r]
+            found = own_fresh.get(key)
+            if found is None:
+                read = nodes[r].inputs
+                found = self._fresh_storages(key, tuple(map(get, read, read)))
+                if makes_own[r]:
+                    own_fresh[key] = found
+            read = distinct[r]
+            read = tuple(map(get, read, read))
+            if nodes[r].state_bytes:
+                state = state_keys[r]
+                fresh[state] = self._storages(state)
+                read = (state,) + read
+            fresh[key], inputs[key] = found, read
+            copies[r], clone[r] = [(need[r], key)], key
+        changed = list(inputs)
+        inputs.update(self.inputs)
+        users = {u for r in recomputed for u in self.backward_users[r]}
+        for u in users:
+            read = distinct[u]
+            inputs[u] = tuple(map(get, read, read))
+        order = list(range(self.first_backward)) + [clone[r] for r in recomputed] \
             + list(range(self.first_backward, len(self.nodes)))
         return order, inputs, copies, changed + list(users)
 
@@ -326,20 +375,28 @@ class ScheduleModel(KeyWalk):
         its extraction keeps), and what each backward order (``_scheduled``)
         is made from: the nodes backward keeps, in order; those it runs;
         and each tuple's elements, taken out right after it."""
+        # The order holds copies (never generator states) and the joint
+        # graph's nodes: ops, and the others (graph inputs) never kept.
         valid, kept = set(placeholders), []
-        kinds = self.kinds
+        skipped = valid | self.not_ops
         for key in order:
-            if key in valid or (key.kind == "state" if key.__class__ is Key
-                                else kinds[key] != "op"):
-                continue
-            if valid.issuperset(inputs[key]):
+            if key not in skipped and valid.issuperset(inputs[key]):
                 valid.add(key)
                 kept.append(key)
-        dce = _ancestors(outputs + self._impure_among(kept, True, pairs), inputs)
+        # Dead-code elimination keeps what the outputs and impure nodes read
+        # (``dce``), the schedule what the outputs and side effects read
+        # (``needed``). Side effects are impure, so ``dce`` is ``needed`` and
+        # what the impure rest reads besides: one walk of the graph, not two.
+        impure, side_effects = (self._impure_among(kept, True, pairs),
+                                self._impure_among(kept, False, pairs))
+        if set(side_effects).issubset(impure):
+            needed = _ancestors(outputs + side_effects, inputs)
+            dce = _ancestors(impure, inputs, needed)
+        else:
+            dce = _ancestors(outputs + impure, inputs)
+            needed = _ancestors(outputs + [k for k in side_effects if k in dce], inputs)
         outside = set(placeholders)
         used = {a for k in dce if k not in outside for a in inputs[k]} | set(outputs)
-        needed = _ancestors(outputs + [k for k in self._impure_among(kept, False, pairs)
-                                       if k in dce], inputs)
         # A tuple's elements are taken out right after it (rewrite.py).
         elements: dict = {}
         getitem = self.getitem
@@ -422,11 +479,17 @@ class ScheduleModel(KeyWalk):
     def _forward(self, saved_used: list, pairs: set, kept: list):
         """Forward's nodes in order (``kept``: the forward nodes AOTAutograd
         keeps, in the edited graph's order), and its outputs (kept to the
-        end)."""
+        end). What forward's own outputs read is the same for every plan
+        (``forward_live``): only the saved values and impure ops outside it
+        are walked."""
         outputs = list(self.fwd_outputs) + saved_used
-        roots = [o.node if o.__class__ is Key else o for o in outputs]
-        inputs = {i: self.nodes[i].inputs for i in kept}
-        live = _ancestors(roots + [i for i in kept if self._impure(i, True, pairs)], inputs)
+        roots = [o.node if o.__class__ is Key else o for o in saved_used]
+        # _impure(i, True, pairs) of each forward node, by sets: pairs are
+        # impure as pair_impure says, the others as the joint graph's nodes.
+        impure = [i for i in self.forward_impure if i not in pairs]
+        if self.pair_impure:
+            impure += [i for i in pairs if i in self.forward_inputs]
+        live = _ancestors(roots + impure, self.forward_inputs, self.forward_live)
         return [i for i in kept if i in live], outputs
 
 def _peaked_before(grown: set, sequence: list, peaked: int | None) -> bool:
@@ -492,10 +555,11 @@ def _reads(inputs: tuple, storages) -> tuple:
     return tuple(ref for a in inputs for ref, _ in storages(a))
 
 
-def _ancestors(roots, inputs) -> set:
-    """``roots`` and what they read, through ``inputs``."""
-    seen: set = set()
-    stack = list(roots)
+def _ancestors(roots, inputs, closed: set = frozenset()) -> set:
+    """``roots`` and what they read, through ``inputs``, with ``closed``: a
+    set holding what each of its members reads, taken whole, not walked."""
+    seen: set = set(closed)
+    stack = [r for r in roots if r not in closed]
     while stack:
         key = stack.pop()
         if key in seen:

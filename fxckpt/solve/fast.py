@@ -198,7 +198,7 @@ def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | No
                 continue
             # What must be offloaded when saved is, if newly saved.
             trial = (*trial, (offloaded | problem.must_offload) & trial[0])
-            drop = peak - problem.peak(*trial)
+            drop = peak - float(problem.moved_live(live, plan, trial).max())
             if drop <= 0:
                 continue
             score = drop / (max(price(*trial) - cost, 0.0) + 1e-12)
@@ -376,48 +376,52 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
     plan = (saved.copy(), recomputed.copy(), offloaded.copy())
     price = _objective_of(problem)
     objective = price(*plan)
-    peak = problem.peak(*plan)
+    live = problem.stage_live(*plan)
     for _ in range(_FILL_ROUNDS):
-        ranked = _ranked_moves(problem, budget, price, objective, peak, _moves(problem, *plan))
+        ranked = _ranked_moves(problem, budget, price, objective, plan, live,
+                               _moves(problem, *plan))
         if not ranked:
             # Only then the releasing moves (``_released``): there are as
             # many as ops with several outputs, and weighing them every
             # round took the 8-layer GPT's fills 1.7 times as long.
-            ranked = _ranked_moves(problem, budget, price, objective, peak,
+            ranked = _ranked_moves(problem, budget, price, objective, plan, live,
                                    _moves(problem, *plan, releasing=True))
         if not ranked:
             break
-        plan, peak, objective = _batched(problem, budget, price, ranked, plan[2])
+        plan, live, objective = _batched(problem, budget, price, ranked, plan[2])
     return plan
 
 
-def _ranked_moves(problem: Problem, budget: float, price, objective: float, peak: float,
-                  moves) -> list:
-    """[(score, position, plan, peak, objective, members saved)] of the moves
-    that save time and fit the budget, best first: time saved per byte of
-    peak added (ties in the order weighed)."""
+def _ranked_moves(problem: Problem, budget: float, price, objective: float, plan: tuple,
+                  live: np.ndarray, moves) -> list:
+    """[(score, position, plan, stage bytes, objective, members saved)] of
+    the moves from ``plan`` (its stage bytes ``live``) that save time and
+    fit the budget, best first: time saved per byte of peak added (ties in
+    the order weighed)."""
     ranked = []
+    peak = float(live.max()) if len(live) else 0.0
     for members, trial in moves:
         trial_objective = price(*trial)
         gain = objective - trial_objective
         if gain <= 0:
             continue
-        trial_peak = problem.peak(*trial)
+        trial_live = problem.moved_live(live, plan, trial)
+        trial_peak = float(trial_live.max()) if len(trial_live) else 0.0
         if trial_peak > budget:
             continue
         score = gain / (max(trial_peak - peak, 0.0) + 1.0)
-        ranked.append((score, len(ranked), trial, trial_peak, trial_objective, members))
+        ranked.append((score, len(ranked), trial, trial_live, trial_objective, members))
     ranked.sort(key=lambda r: (-r[0], r[1]))
     return ranked
 
 
 def _batched(problem: Problem, budget: float, price, ranked: list, offloaded: np.ndarray):
-    """(plan, peak, objective) after the best move, and after each next best
-    saving move (up to ``_FILL_BATCH`` in all) that, taken with those before
-    it, still fits and costs less. ``offloaded``: the round's plan's, so that
-    a move adds only the offload it makes (a value the best move keeps on
-    the device stays there)."""
-    _, _, plan, peak, objective, taken = ranked[0]
+    """(plan, stage bytes, objective) after the best move, and after each
+    next best saving move (up to ``_FILL_BATCH`` in all) that, taken with
+    those before it, still fits and costs less. ``offloaded``: the round's
+    plan's, so that a move adds only the offload it makes (a value the best
+    move keeps on the device stays there)."""
+    _, _, plan, live, objective, taken = ranked[0]
     taken = set(taken)
     batch = 1
     for _, _, trial, _, _, members in ranked[1:]:
@@ -430,13 +434,14 @@ def _batched(problem: Problem, budget: float, price, ranked: list, offloaded: np
         recomputed = computed_in_backward(problem, saved)
         saved &= problem.needed | _read_by(problem, recomputed)
         together = (saved, recomputed, (plan[2] | (trial[2] & ~offloaded)) & saved)
-        together_peak = problem.peak(*together)
+        together_live = problem.moved_live(live, plan, together)
+        together_peak = float(together_live.max()) if len(together_live) else 0.0
         together_objective = price(*together)
         if together_peak <= budget and together_objective < objective:
-            plan, peak, objective = together, together_peak, together_objective
+            plan, live, objective = together, together_live, together_objective
             taken |= set(members)
             batch += 1
-    return plan, peak, objective
+    return plan, live, objective
 
 
 def _moves(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
