@@ -83,7 +83,6 @@ class ScheduleModel(KeyWalk):
         self.distinct_inputs = [tuple(dict.fromkeys(node.inputs)) for node in nodes]
         self.primals = [i for i, n in enumerate(nodes) if n.kind == "primal"]
         self.tangents = [i for i, n in enumerate(nodes) if n.kind == "tangent"]
-        self.kinds = [n.kind for n in nodes]
         self.not_ops = {i for i, n in enumerate(nodes) if n.kind != "op"}
         self.storages = [n.storages for n in nodes]
         # Kept by dead-code elimination (random ops too), by the backward

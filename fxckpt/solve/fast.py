@@ -40,7 +40,8 @@ import numpy as np
 
 from fxckpt.solve.cut import min_cut
 from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
-from fxckpt.solve.problem import Problem, computed_after_saving, computed_in_backward
+from fxckpt.solve.problem import (Problem, computed_after_saving, computed_in_backward,
+                                  peak_of)
 
 _BISECTION_STEPS = 24
 _FILL_CANDIDATES = 64
@@ -399,14 +400,14 @@ def _ranked_moves(problem: Problem, budget: float, price, objective: float, plan
     fit the budget, best first: time saved per byte of peak added (ties in
     the order weighed)."""
     ranked = []
-    peak = float(live.max()) if len(live) else 0.0
+    peak = peak_of(live)
     for members, trial in moves:
         trial_objective = price(*trial)
         gain = objective - trial_objective
         if gain <= 0:
             continue
         trial_live = problem.moved_live(live, plan, trial)
-        trial_peak = float(trial_live.max()) if len(trial_live) else 0.0
+        trial_peak = peak_of(trial_live)
         if trial_peak > budget:
             continue
         score = gain / (max(trial_peak - peak, 0.0) + 1.0)
@@ -435,7 +436,7 @@ def _batched(problem: Problem, budget: float, price, ranked: list, offloaded: np
         saved &= problem.needed | _read_by(problem, recomputed)
         together = (saved, recomputed, (plan[2] | (trial[2] & ~offloaded)) & saved)
         together_live = problem.moved_live(live, plan, together)
-        together_peak = float(together_live.max()) if len(together_live) else 0.0
+        together_peak = peak_of(together_live)
         together_objective = price(*together)
         if together_peak <= budget and together_objective < objective:
             plan, live, objective = together, together_live, together_objective

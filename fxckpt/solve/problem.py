@@ -185,7 +185,7 @@ class Problem:
         """The proxy's peak for the plan given by the masks (``offloaded``
         None: the tags' choice, see ``tagged_offload``)."""
         live = self.stage_live(saved, recomputed, offloaded)
-        return float(live.max()) if len(live) else 0.0
+        return peak_of(live)
 
     def stage_live(self, saved: np.ndarray, recomputed: np.ndarray,
                    offloaded: np.ndarray | None = None) -> np.ndarray:
@@ -321,6 +321,11 @@ class Problem:
                     if not (saved[j] or recomputed[j]):
                         return f"{self.names[i]} recomputed without its input {self.names[j]}"
         return ""
+
+
+def peak_of(live: np.ndarray) -> float:
+    """The peak of a plan's stage bytes (``Problem.stage_live``)."""
+    return float(live.max()) if len(live) else 0.0
 
 
 def computed_in_backward(problem: Problem, saved: np.ndarray) -> np.ndarray:
