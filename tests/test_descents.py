@@ -90,7 +90,7 @@ def test_a_budget_inside_a_step_also_gets_the_upper_plan_walked_down(seed, solve
         inside = step_plans(problem, evaluate, lower, upper)
         fills = [c for c in step_fills(problem, evaluate, lower, upper)]
         for c in inside:
-            assert lower.peak < c.peak < upper.peak and upper.cost < c.cost < lower.cost
+            assert lower.peak < c.peak < upper.peak and upper.cost <= c.cost < lower.cost
             assert problem.is_feasible(*masks(problem, c.decision)) == ""
         for budget in sorted({c.peak for c in inside + fills} | {upper.peak - 1}):
             with_both = cost_at([lower] + inside, budget)

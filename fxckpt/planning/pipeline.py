@@ -369,8 +369,9 @@ class FrontierPlanner(Planner):
                                          again_from_seeds=self.options.compiler == "eager")
             # What a budget inside each step gets besides the step's lower plan.
             candidates = sorted(candidates + [
-                c for lower, upper in zip(candidates, candidates[1:])
-                for c in step_plans(problem, evaluate, lower, upper)], key=lambda c: c.peak)
+                c for below, lower, upper in zip([None] + candidates, candidates, candidates[1:])
+                for c in step_plans(problem, evaluate, lower, upper, below)],
+                key=lambda c: c.peak)
         plans = tuple(self._finish(profile, tags, c.decision, c.rewritten, c.timeline,
                                    clock=clock, graph_id=graph_id) for c in candidates)
         self.frontiers.append(Frontier(optimal_plan, plans, clock.elapsed()))

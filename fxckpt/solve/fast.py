@@ -185,27 +185,62 @@ def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | No
     the value simply dropped from the saved set, or dropped with its inputs
     saved instead. None if no move lowers it. ``width``: the values
     weighed, those freeing most bytes per recompute cost."""
-    saved, recomputed, offloaded = plan
-    live = problem.stage_live(saved, recomputed, offloaded)
+    live = problem.stage_live(*plan)
     price = _objective_of(problem)
     peak, cost = float(live.max()), price(*plan)
+    best = None
+    for trial in lowering_moves(problem, plan, width, live):
+        drop = peak - float(problem.moved_live(live, plan, trial).max())
+        if drop <= 0:
+            continue
+        score = drop / (max(price(*trial) - cost, 0.0) + 1e-12)
+        if best is None or score > best[0]:
+            best = (score, trial)
+    return None if best is None else best[1]
+
+
+def lowering_moves(problem: Problem, plan, width: int = _FILL_CANDIDATES, live=None):
+    """The plans ``lowered`` weighs, one saved value live at the proxy's
+    peak recomputed instead (simply dropped, or with its inputs saved
+    instead), whether or not they lower the peak: the ``width`` values
+    freeing most bytes per recompute cost. ``live``: the plan's stage
+    bytes (Problem.stage_live), when the caller has them."""
+    saved, recomputed, offloaded = plan
+    if live is None:
+        live = problem.stage_live(saved, recomputed, offloaded)
     at_peak = np.flatnonzero(saved & (problem.stage_saved[int(live.argmax())] > 0)
                              & problem.can_recompute & (problem.size > 0))
     at_peak = sorted(at_peak, key=lambda i: -problem.size[i] / (problem.cost[i] + 1e-12))
-    best = None
     for i in at_peak[:width]:
         for trial in (_unsaved(problem, saved, i, inputs) for inputs in (False, True)):
-            if trial is None:
-                continue
-            # What must be offloaded when saved is, if newly saved.
-            trial = (*trial, (offloaded | problem.must_offload) & trial[0])
-            drop = peak - float(problem.moved_live(live, plan, trial).max())
-            if drop <= 0:
-                continue
-            score = drop / (max(price(*trial) - cost, 0.0) + 1e-12)
-            if best is None or score > best[0]:
-                best = (score, trial)
-    return None if best is None else best[1]
+            if trial is not None:
+                # What must be offloaded when saved is, if newly saved.
+                yield (*trial, (offloaded | problem.must_offload) & trial[0])
+
+
+def saving_moves(problem: Problem, plan):
+    """The plans one move of the fill from ``plan`` (saved, recomputed,
+    offloaded): a recomputed value saved back (on the device or offloaded),
+    an offloaded one kept on the device, or all the recomputed readers of a
+    costly value that cannot be saved itself (``_moves``, ``_released``),
+    whether or not they fit a budget or save time."""
+    for _, trial in _moves(problem, *plan):
+        yield trial
+    for _, trial in _moves(problem, *plan, releasing=True):
+        yield trial
+
+
+def runnable(problem: Problem, saved: np.ndarray) -> tuple | None:
+    """(saved, recomputed) of a plan saving ``saved`` made runnable: saved
+    only where allowed, values backward would have to recompute but cannot
+    saved too, saved values nothing reads dropped; None if none runs."""
+    return _closed(problem, saved)
+
+
+def objective_of(problem: Problem):
+    """The objective the strategies minimise, as a function of a plan's
+    masks (saved, recomputed, offloaded): see ``_objective_of``."""
+    return _objective_of(problem)
 
 
 def _unsaved(problem: Problem, saved: np.ndarray, i: int, inputs: bool):

@@ -36,7 +36,7 @@ import numpy as np
 
 from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
-from fxckpt.solve import descents, fills
+from fxckpt.solve import descents, fills, swaps
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
 from fxckpt.solve.candidates import (Candidate, Evaluate, mask, non_dominated, plan_cost,
@@ -131,21 +131,26 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
         # Inside a step: the plan below filled towards the one above, and
         # the one above walked down (step_plans).
         upper = min(above, key=lambda c: c.peak)
-        inside = [c for c in step_plans(problem, evaluate, chosen, upper) if c.peak <= budget]
+        under = [c for c in fitting if c.peak < chosen.peak]
+        below = max(under, key=lambda c: c.peak) if under else None
+        inside = [c for c in step_plans(problem, evaluate, chosen, upper, below)
+                  if c.peak <= budget]
         chosen = inside[-1] if inside else chosen
     decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
     return decision, chosen.rewritten, chosen.timeline
 
 
 def step_plans(problem: Problem, evaluate: Evaluate, lower: Candidate,
-               upper: Candidate) -> list[Candidate]:
+               upper: Candidate, below: Candidate | None = None) -> list[Candidate]:
     """What a budget inside the step from ``lower`` to ``upper`` (neighbours
-    on the frontier) can take besides ``lower``: ``lower`` filled towards
-    ``upper`` (fills.step_fills) and ``upper`` walked down towards ``lower``
-    (descents.step_descents), those no other beats, lowest peak first, each
-    cheaper than the one before."""
-    return non_dominated(fills.step_fills(problem, evaluate, lower, upper)
-                         + descents.step_descents(problem, evaluate, lower, upper))
+    on the frontier; ``below``, the frontier plan under ``lower``, if any)
+    can take besides ``lower``: ``lower`` and ``below`` filled towards
+    ``upper`` (fills.step_fills), ``upper`` walked down towards ``lower``
+    (descents.step_descents) and swapped (swaps.step_swaps), those no other
+    beats, lowest peak first, each cheaper than the one before."""
+    return non_dominated(fills.step_fills(problem, evaluate, lower, upper, below)
+                         + descents.step_descents(problem, evaluate, lower, upper)
+                         + swaps.step_swaps(problem, evaluate, lower, upper))
 
 
 def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
