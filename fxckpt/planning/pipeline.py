@@ -323,8 +323,9 @@ class Frontier:
 
     ``plans`` are the frontier of solve/frontier.py with the plans filled
     inside its steps and walked down them (solve/frontier.py's
-    ``step_plans``), lowest peak first, each recomputing strictly less than
-    the one before; ``runtime_optimal`` is the plan without a budget."""
+    ``step_plans``), lowest peak first, each recomputing no more than the
+    one before (a swap, solve/swaps.py, can cost what the plan above it
+    does); ``runtime_optimal`` is the plan without a budget."""
 
     runtime_optimal: Plan
     plans: tuple[Plan, ...]

@@ -1,6 +1,6 @@
-"""Plans swapped: the cheaper plan of a steep step of the frontier with a
-saved value recomputed and a recomputed value saved back, lower for
-about what it costs.
+"""Plans swapped: inside the step of the frontier a budget falls in, the
+step's cheaper plan with a saved value recomputed and a recomputed value
+saved back, lower for about what it costs.
 
 The descents (solve/descents.py) walk a step's cheaper plan down by
 recomputing, each move adding cost; the fills (solve/fills.py) climb from
@@ -15,12 +15,7 @@ Swapping one layer norm for another gives the exact programme's plan,
 1,149,704 B at 5.284 us. Under the plan at 1,006,864 B, 10.327 us, the
 next plan down cost 13.709 us, and a budget 533 B under it paid 13.338 us
 (a fill; the exact programme 12.107 us); a swap gives 1,006,096 B at
-10.355 us. Over 21 budgets from the floor to the runtime-optimal peak,
-that GPT's fast frontier came within 5% of the exact programme's (itself
-swapped too) at all 21 (19 before); tiny HF GPT-2 and the 8-layer GPT
-stayed at 21; tiny HF Llama fell from 20 to 19, the fast frontier
-unchanged there while the exact programme's gained a swapped plan,
-150,152 B at 1.176 us against the fast frontier's 1.251 us.
+10.355 us.
 
 A swap is one lowering move (fast.lowering_moves, or every saved output
 of a costly op that cannot be saved itself, such as a layer norm's output
@@ -33,15 +28,20 @@ proxy reads it again following the recompute chains it runs itself
 on tiny HF GPT-2 2,432 B below the plan, the exact model 1,408 B above
 it, and refined 1,664 B above (on the 4-layer GPT, refined readings
 matched the exact model's change at 16 of 17 swaps). Evaluated cheapest
-first, a step stops at the first plan neither neighbour beats.
+first, a round stops at the first plan neither neighbour beats; a second
+round swaps the lowest plan the first made inside the step.
 
-Planning time: the frontier evaluates 5 more plans on the 4-layer GPT
-(62 before), 1 on the 8-layer GPT, 1 on tiny GPT-2, 3 on tiny Llama; the
-stage took 0.50, 0.43, 0.14 and 0.35 s, of which the proxy 0.22, 0.29,
-0.11 and 0.17 s. Like the descents, swaps run after the other stages, so
-they only add plans to the frontier, never change which plans the other
-stages start from, and no plan made overrides more user preferences than
-the step's dearer plan does.
+Swaps are step plans (frontier.step_plans), not frontier stages: a budget
+swaps only its own step, at most ``_ROUNDS`` x ``_EVALS`` evaluations (on
+the compile suite's 16-layer GPT 0.03 s of 1.6 s of planning), and the
+frontier, its floor included, is what it is without them. A first
+version swapped every steep step of the frontier (up to 8 evaluations,
+0.14-0.50 s on graphs of 300-800 values); as step plans, fast vs exact
+programme over 21 budgets from the floor to the runtime-optimal peak
+(both with swaps): 4-layer GPT 21 of 21 within 5% (19 without swaps),
+tiny HF GPT-2, tiny HF Llama (with fills from below, fills.step_fills) and
+the 8-layer GPT 21. No plan made overrides more user preferences than the
+step's dearer plan does.
 """
 
 from __future__ import annotations
@@ -54,12 +54,15 @@ from fxckpt.solve.fills import Evaluated, as_seen_from
 from fxckpt.solve.problem import Problem, to_decision
 
 # A swap is weighed on the proxy over the graph, moves times values: none
-# beyond _MAX_VALUES forward values. Evaluations are the cost: at most
-# _EVALS a step, of at most _CHECKS swaps read again refined. Each step
-# weighs the _WIDTH saved values live at the peak that free most bytes per
-# recompute cost (8 found the same plans as 16 on the four graphs above,
-# the proxy's part 0.22 s against 0.35 s on the 4-layer GPT).
-_MAX_VALUES = 3_200
+# beyond _MAX_VALUES forward values (the compile suite's 8-layer GPT
+# swaps; its 16-layer one, where compile time has no margin, does not).
+# Evaluations are the cost: at most _EVALS a round, _ROUNDS rounds, of at
+# most _CHECKS swaps read again refined. Each step weighs the _WIDTH saved
+# values live at the peak that free most bytes per recompute cost (8 found
+# the same plans as 16 on the 4-layer GPT, tiny HF GPT-2 and Llama and the
+# 8-layer GPT, the proxy's part 0.22 s against 0.35 s on the 4-layer GPT
+# when every steep step was swapped).
+_MAX_VALUES = 1_200
 _EVALS = 3
 _ROUNDS = 2
 _WIDTH = 8
