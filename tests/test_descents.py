@@ -10,17 +10,14 @@ measured peak within it, and trains bitwise equal to eager."""
 
 from __future__ import annotations
 
-import copy
 import importlib
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxckpt
 from fxckpt.bench.compile import gpt_step
-from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.solve.candidates import masks, plan_cost
 from fxckpt.solve.fast import lowered
 from fxckpt.solve.problem import build_problem
@@ -30,11 +27,11 @@ from fxckpt.solve.fills import step_fills
 from fxckpt.solve.frontier import solve_budgeted, step_plans
 
 try:
-    from tests.harness import assert_bitwise_equal, run_step
+    from tests.step_checks import assert_compiled_at_its_peak, most_gained
     from tests.random_graphs import (assert_runnable_and_never_costlier, cost_at,
                                      proxy_evaluate, proxy_frontier, random_profile)
 except ImportError:  # pragma: no cover
-    from harness import assert_bitwise_equal, run_step
+    from step_checks import assert_compiled_at_its_peak, most_gained
     from random_graphs import (assert_runnable_and_never_costlier, cost_at, proxy_evaluate,
                                proxy_frontier, random_profile)
 
@@ -114,9 +111,9 @@ def test_a_descended_plan_closes_a_steep_step_and_trains_bitwise(reset_dynamo):
 
     # The one a budget at its peak gains most on: without descents that
     # budget paid at least twice the recompute (the step it lies in).
-    gain, chosen = _most_gained(descended, plain)
+    gain, chosen = most_gained(descended, plain)
     assert gain > 2.0
-    _compiled_at_its_peak(step, inputs, "fast", chosen)
+    assert_compiled_at_its_peak(step, inputs, "fast", chosen)
 
 
 def _made_and_plain(step, inputs, solver, switch, label):
@@ -132,28 +129,6 @@ def _made_and_plain(step, inputs, solver, switch, label):
     return made, plain
 
 
-def _most_gained(made, plain):
-    """(gain, plan): of ``made``, the plan a budget at its peak pays least
-    for against ``plain``'s frontier, and that ratio."""
-    return max(
-        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
-         / p.recompute_cost, p.peak_bytes, p) for p in made)[::2]
-
-
-def _compiled_at_its_peak(step, inputs, solver, chosen):
-    """A budget at ``chosen``'s peak compiles exactly that plan, whose step
-    peaks within it (measured) and trains bitwise equal to eager."""
-    backend = fxckpt.backend(compiler="eager", solver=solver, budget=chosen.peak_bytes)
-    compiled = torch.compile(copy.deepcopy(step), backend=backend)
-    ours = run_step(compiled, inputs, lambda loss: loss)
-    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
-    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
-    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
-    assert backend.plans[0].peak_bytes <= chosen.peak_bytes
-    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
-    assert_bitwise_equal(ours, reference)
-
-
 def test_tiny_llama_budgets_get_the_upper_plan_walked_down(reset_dynamo):
     """Tiny HF Llama (no weights), solver="auto": the plans a budget inside
     a step gets from its upper plan walked down (descents.step_descents,
@@ -167,6 +142,6 @@ def test_tiny_llama_budgets_get_the_upper_plan_walked_down(reset_dynamo):
     model, inputs, loss_fn = make_bench_model("hf_llama", size="tiny")
     step = Step(model, loss_fn)
     made, plain = _made_and_plain(step, inputs, "auto", "_STEP_MOVES", "step descent")
-    gain, chosen = _most_gained(made, plain)
+    gain, chosen = most_gained(made, plain)
     assert gain > 2.0
-    _compiled_at_its_peak(step, inputs, "auto", chosen)
+    assert_compiled_at_its_peak(step, inputs, "auto", chosen)

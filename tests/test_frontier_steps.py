@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 import fxckpt
 from fxckpt.bench.compile import gpt_step
-from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
@@ -39,10 +38,12 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
+    from tests.step_checks import assert_compiled_at_its_peak, most_gained
     from tests.random_graphs import (assert_runnable_and_never_costlier, cost_at,
                                      proxy_evaluate, proxy_frontier, random_profile)
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
+    from step_checks import assert_compiled_at_its_peak, most_gained
     from random_graphs import (assert_runnable_and_never_costlier, cost_at, proxy_evaluate,
                                proxy_frontier, random_profile)
 
@@ -176,8 +177,8 @@ def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(res
 def test_a_step_is_filled_from_the_plan_below_its_lower_plan_too(seed, solver, offload):
     """fills.step_fills given the frontier plan under the step (``below``):
     every plan inside the step and runnable, a budget there paying no more
-    than with the lower plan's fills alone; where _BELOW_WORK allows no
-    level (fewer than one per forward value), exactly those fills."""
+    than with the lower plan's fills alone; beyond _BELOW_VALUES forward
+    values, exactly those fills."""
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
     evaluate = proxy_evaluate(problem)
@@ -191,7 +192,7 @@ def test_a_step_is_filled_from_the_plan_below_its_lower_plan_too(seed, solver, o
         for budget in sorted({c.peak for c in both + alone}):
             assert cost_at([lower] + both, budget) <= cost_at([lower] + alone, budget) + 1e-15
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(fills_module, "_BELOW_WORK", problem.n - 1)
+            patch.setattr(fills_module, "_BELOW_VALUES", problem.n - 1)
             assert [_key(c.decision) for c in fills_module.step_fills(
                 problem, evaluate, lower, upper, below)] == [_key(c.decision) for c in alone]
 
@@ -209,21 +210,11 @@ def test_tiny_llama_budgets_get_the_plan_below_filled_into_their_step(reset_dyna
     step = Step(model, loss_fn)
     full = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fills_module, "_BELOW_WORK", 0)
+        patch.setattr(fills_module, "_BELOW_VALUES", 0)
         plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     known = {p.fingerprint for p in plain.frontier}
     made = [p for p in full.frontier if p.fingerprint not in known]
     assert made and all(p.solver == "fill" for p in made)
-    gain, _, chosen = max(
-        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
-         / p.recompute_cost, p.peak_bytes, p) for p in made)
+    gain, chosen = most_gained(made, plain)
     assert gain > 1.05
-
-    backend = fxckpt.backend(compiler="eager", solver="fast", budget=chosen.peak_bytes)
-    compiled = torch.compile(copy.deepcopy(step), backend=backend)
-    ours = run_step(compiled, inputs, lambda loss: loss)
-    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
-    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
-    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
-    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
-    assert_bitwise_equal(ours, reference)
+    assert_compiled_at_its_peak(step, inputs, "fast", chosen)

@@ -10,17 +10,14 @@ holds within it, and it trains bitwise equal to eager."""
 
 from __future__ import annotations
 
-import copy
 import importlib
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxckpt
 from fxckpt.bench.compile import gpt_step
-from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.solve.candidates import masks, plan_cost
 from fxckpt.solve.frontier import solve_budgeted, step_plans
 from fxckpt.solve.problem import build_problem
@@ -28,10 +25,10 @@ from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.solve.swaps import swaps
 
 try:
-    from tests.harness import assert_bitwise_equal, run_step
+    from tests.step_checks import assert_compiled_at_its_peak, most_gained
     from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 except ImportError:  # pragma: no cover
-    from harness import assert_bitwise_equal, run_step
+    from step_checks import assert_compiled_at_its_peak, most_gained
     from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 
 swaps_module = importlib.import_module("fxckpt.solve.swaps")
@@ -126,15 +123,6 @@ def test_a_swapped_plan_closes_a_step_and_trains_bitwise(reset_dynamo):
     assert made, [(p.peak_bytes, p.solver) for p in full.frontier]
     # The one a budget at its peak gains most on: without swaps that
     # budget paid at least 5% more (the 21-budget comparison's bound).
-    gain, _, chosen = max(
-        ([q for q in plain.frontier if q.peak_bytes <= p.peak_bytes][-1].recompute_cost
-         / p.recompute_cost, p.peak_bytes, p) for p in made)
+    gain, chosen = most_gained(made, plain)
     assert gain > 1.05
-    backend = fxckpt.backend(compiler="eager", solver="fast", budget=chosen.peak_bytes)
-    compiled = torch.compile(copy.deepcopy(step), backend=backend)
-    ours = run_step(compiled, inputs, lambda loss: loss)
-    measured = measure_peak_bytes(lambda: compiled(*inputs).backward())
-    reference = run_step(copy.deepcopy(step), inputs, lambda loss: loss)
-    assert [plan.fingerprint for plan in backend.plans] == [chosen.fingerprint]
-    assert measured <= chosen.peak_bytes, (measured, chosen.peak_bytes)
-    assert_bitwise_equal(ours, reference)
+    assert_compiled_at_its_peak(step, inputs, "fast", chosen)

@@ -55,12 +55,11 @@ _AIM_WORK = 6_400
 # each fill is a simulation, and on the 58-layer GPT one took 0.12 s.
 _SEEN_VIEW_VALUES = 3_200
 # A budget's step is filled from the frontier plan under its lower plan too
-# (``step_fills``), to as many of the levels as _BELOW_WORK // forward
-# values allows (3 up to 400, 1 from 601 to 1,200, none beyond): on the
-# compile suite's 16-layer GPT (over 1,200 values) the step's fills took 0.03 s
-# alone and 0.09 s with three levels from below, where its compile time
-# has no margin (issue 15's bar: 1.2x torch.compile's).
-_BELOW_WORK = 1_200
+# (``step_fills``), up to this many forward values: a budget on the
+# compile suite's 8-layer GPT (about 750 values) planned in 1.13 s with
+# those fills and the swaps (solve/swaps.py), 1.01 s without, its compile
+# 1.19x torch.compile's (issue 15's bar: 1.2x).
+_BELOW_VALUES = 600
 
 # candidate(decision) -> Candidate: the frontier's evaluation, each distinct
 # plan evaluated once.
@@ -122,8 +121,8 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
     (neighbours on the frontier, ``upper`` the cheaper) can take besides
     ``lower``: ``lower`` filled to the proxy's peaks at ``_aim_levels`` of
     the way to ``upper``'s, in each of ``views``, each evaluated; and
-    ``below`` (the frontier plan under ``lower``) filled to such peaks too,
-    fewer of them on large graphs (``_BELOW_WORK``). Kept are those peaking strictly
+    ``below`` (the frontier plan under ``lower``) filled to the same peaks,
+    up to ``_BELOW_VALUES`` forward values. Kept are those peaking strictly
     between the two and costing strictly between them, not beaten by
     another: lowest peak first, each cheaper than the one before. Together
     with the frontier they are again a frontier, and a budget takes its
@@ -134,12 +133,12 @@ def step_fills(problem: Problem, evaluate: Evaluate, lower: Candidate,
         return []
     made: dict[tuple, Candidate | None] = {plan_key(lower.decision): None,
                                            plan_key(upper.decision): None}
-    starts = [(lower, _AIM_WORK)]
-    if below is not None and not below.decision.again:
-        starts.append((below, _BELOW_WORK))
-    for first, work in starts:
+    starts = [lower]
+    if below is not None and not below.decision.again and problem.n <= _BELOW_VALUES:
+        starts.append(below)
+    for first in starts:
         for seen, start, low, high in _spans(problem, lower, upper, first):
-            for level in _aim_levels(seen, work):
+            for level in _aim_levels(seen):
                 decision = _filled(seen, low + (high - low) * level, start)
                 if plan_key(decision) not in made:
                     made[plan_key(decision)] = evaluated(problem, evaluate, decision)
@@ -197,9 +196,8 @@ def _filled(problem: Problem, target: float, start: tuple[np.ndarray, ...]) -> D
                        gap=None, budget_bytes=None)
 
 
-def _aim_levels(problem: Problem, work: int = _AIM_WORK) -> list[float]:
+def _aim_levels(problem: Problem) -> list[float]:
     """Fractions of a step's way up that ``step_fills`` fills to, evenly
-    spaced: ``_AIM_LEVELS`` of them, fewer on large graphs (``work`` //
-    forward values)."""
-    count = max(0, min(_AIM_LEVELS, work // max(problem.n, 1)))
+    spaced: ``_AIM_LEVELS`` of them, fewer on large graphs."""
+    count = max(0, min(_AIM_LEVELS, _AIM_WORK // max(problem.n, 1)))
     return [(k + 1) / (count + 1) for k in range(count)]

@@ -32,16 +32,15 @@ first, a round stops at the first plan neither neighbour beats; a second
 round swaps the lowest plan the first made inside the step.
 
 Swaps are step plans (frontier.step_plans), not frontier stages: a budget
-swaps only its own step, at most ``_ROUNDS`` x ``_EVALS`` evaluations (on
-the compile suite's 16-layer GPT 0.03 s of 1.6 s of planning), and the
-frontier, its floor included, is what it is without them. A first
+swaps only its own step, at most ``_ROUNDS`` x ``_EVALS`` evaluations, and
+the frontier, its floor included, is what it is without them. A first
 version swapped every steep step of the frontier (up to 8 evaluations,
-0.14-0.50 s on graphs of 300-800 values); as step plans, fast vs exact
+0.14-0.50 s on graphs of 300-800 values). As step plans, fast vs exact
 programme over 21 budgets from the floor to the runtime-optimal peak
-(both with swaps): 4-layer GPT 21 of 21 within 5% (19 without swaps),
-tiny HF GPT-2, tiny HF Llama (with fills from below, fills.step_fills) and
-the 8-layer GPT 21. No plan made overrides more user preferences than the
-step's dearer plan does.
+(both with swaps): the compile suite's 4-layer GPT 21 of 21 within 5% (19
+without swaps), tiny HF GPT-2 21, tiny HF Llama 21 (with the plan below
+filled into the step too, fills.step_fills). No plan made overrides more
+user preferences than the step's dearer plan does.
 """
 
 from __future__ import annotations
@@ -54,15 +53,16 @@ from fxckpt.solve.fills import Evaluated, as_seen_from
 from fxckpt.solve.problem import Problem, to_decision
 
 # A swap is weighed on the proxy over the graph, moves times values: none
-# beyond _MAX_VALUES forward values (the compile suite's 8-layer GPT
-# swaps; its 16-layer one, where compile time has no margin, does not).
+# beyond _MAX_VALUES forward values (the compile suite's 4-layer GPT
+# swaps; its 8-layer one, where compile time has no margin, does not: see
+# fills._BELOW_VALUES).
 # Evaluations are the cost: at most _EVALS a round, _ROUNDS rounds, of at
 # most _CHECKS swaps read again refined. Each step weighs the _WIDTH saved
 # values live at the peak that free most bytes per recompute cost (8 found
 # the same plans as 16 on the 4-layer GPT, tiny HF GPT-2 and Llama and the
 # 8-layer GPT, the proxy's part 0.22 s against 0.35 s on the 4-layer GPT
 # when every steep step was swapped).
-_MAX_VALUES = 1_200
+_MAX_VALUES = 600
 _EVALS = 3
 _ROUNDS = 2
 _WIDTH = 8
