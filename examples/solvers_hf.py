@@ -5,8 +5,11 @@ floor to the runtime-optimal plan's peak, as `fxckpt bench --suite
 solvers` compares the zoo:
 
     FXSEQ=16 python examples/solvers_hf.py qwen2,mistral,gpt_neox,opt,phi,gemma,falcon,bert
+    python examples/solvers_hf.py tiny_qwen2,tiny_neox,tiny_opt,tiny_phi,tiny_mistral
 
-For each model and solver the whole frontier a budget selects from
+(the tiny_ names: hidden 32, 2 heads, vocab 64, input 2x16, dropout 0.1
+wherever the config has one; Qwen2 with one key-value head, Mistral with 3
+layers, 4 heads of 8 and 2 key-value heads.) For each model and solver the whole frontier a budget selects from
 (fxckpt.pareto's, the plans inside its steps included); then, at each
 budget, the recompute cost of the plan each picks, and whether the fast
 one is within 5% of the exact one's. One thread, compiler="eager".
@@ -21,17 +24,50 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hf_architectures import MODELS  # noqa: E402
+from hf_architectures import MODELS, HFWrap  # noqa: E402
 
 from fxckpt.bench.solvers import capture_joint, frontier  # noqa: E402
 from fxckpt.bench.ways import Step  # noqa: E402
 
 BUDGETS = 21
 BOUND = 0.05
+_W, _V, _SEQ = 32, 64, 16
+_TINY = {
+    "tiny_qwen2": ("Qwen2Config", dict(hidden_size=_W, intermediate_size=2 * _W,
+                                       num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, attention_dropout=0.1)),
+    "tiny_neox": ("GPTNeoXConfig", dict(hidden_size=_W, intermediate_size=2 * _W,
+                                        num_hidden_layers=2, num_attention_heads=2,
+                                        hidden_dropout=0.1, attention_dropout=0.1)),
+    "tiny_opt": ("OPTConfig", dict(hidden_size=_W, ffn_dim=2 * _W, num_hidden_layers=2,
+                                   num_attention_heads=2, dropout=0.1, attention_dropout=0.1,
+                                   word_embed_proj_dim=_W)),
+    "tiny_phi": ("PhiConfig", dict(hidden_size=_W, intermediate_size=2 * _W,
+                                   num_hidden_layers=2, num_attention_heads=2, resid_pdrop=0.1,
+                                   embd_pdrop=0.1, attention_dropout=0.1)),
+    "tiny_mistral": ("MistralConfig", dict(hidden_size=_W, intermediate_size=3 * _W,
+                                           num_hidden_layers=3, num_attention_heads=4,
+                                           head_dim=8, num_key_value_heads=2,
+                                           attention_dropout=0.1)),
+}
+
+
+def _tiny(name: str):
+    """(model, inputs, loss) of a ``_TINY`` configuration, no weights."""
+    import transformers
+
+    config_class, kwargs = _TINY[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(vocab_size=_V, max_position_embeddings=_SEQ,
+                                                 use_cache=False, **kwargs)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.loss_type = "ForCausalLM"
+    ids = torch.randint(_V, (2, _SEQ), generator=torch.Generator().manual_seed(0))
+    return HFWrap(model).train(), (ids, ids.clone()), lambda out: out.loss
 
 
 def compare(name: str) -> str:
-    model, inputs, loss_fn = MODELS[name]()
+    model, inputs, loss_fn = _tiny(name) if name in _TINY else MODELS[name]()
     joint_call = capture_joint(Step(model, loss_fn), inputs)
     found = {solver: frontier(joint_call, solver) for solver in ("ilp", "fast")}
     ilp, fast = found["ilp"][0], found["fast"][0]
