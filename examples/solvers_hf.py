@@ -4,7 +4,8 @@ configurations, no weights), at 21 budgets from the exact programme's
 floor to the runtime-optimal plan's peak, as `fxckpt bench --suite
 solvers` compares the zoo:
 
-    FXSEQ=16 python examples/solvers_hf.py qwen2,mistral,gpt_neox,opt,phi,gemma,falcon,bert
+    FXSEQ=16 python examples/solvers_hf.py \
+        qwen2,mistral,gpt_neox,opt,phi,gemma,falcon,bert
     python examples/solvers_hf.py tiny_qwen2,tiny_neox,tiny_opt,tiny_phi,tiny_mistral
 
 (the tiny_ names: hidden 32, 2 heads, vocab 64, input 2x16, dropout 0.1

@@ -121,9 +121,10 @@ def test_a_budget_inside_a_step_takes_the_last_fitting_plan_of_the_filled_fronti
     started_from = (optimal, *evaluate(optimal))
     frontier = pareto_frontier(problem, evaluate, solver, started_from)
     # Inside each step: the fills of the lower plan and of the one below
-    # it, the upper plan's walk down and its swaps (step_plans; seed 312 under "ilp" with offload chose a step
-    # descent, which a frontier extended by the fills alone did not hold).
-    # A swap (solve/swaps.py) can cost what the upper plan does, lower.
+    # it, the upper plan's walk down and its swaps (step_plans; seed 312
+    # under "ilp" with offload chose a step descent, which a frontier
+    # extended by the fills alone did not hold). A swap (solve/swaps.py)
+    # can cost what the upper plan does, peaking lower.
     extended = sorted(frontier + [
         c for below, lower, upper in zip([None] + frontier, frontier, frontier[1:])
         for c in step_plans(problem, evaluate, lower, upper, below)], key=lambda c: c.peak)

@@ -184,7 +184,8 @@ def _spans(problem: Problem, lower: Candidate, upper: Candidate, first: Candidat
     into the step from ``lower`` to ``upper`` has."""
     for seen in views(problem, first, upper):
         start = masks(seen, first.decision)
-        low, high = seen.peak(*masks(seen, lower.decision)), seen.peak(*masks(seen, upper.decision))
+        low = seen.peak(*masks(seen, lower.decision))
+        high = seen.peak(*masks(seen, upper.decision))
         if high > low:
             yield seen, start, low, high
 

@@ -10,9 +10,9 @@ A budget then takes the cheapest frontier plan whose exact peak fits it;
 where the budget falls inside a step of the frontier, the cheapest of the
 step's own plans that fits (``step_plans``: that plan and the frontier
 plan under it filled towards the cheaper plan above, solve/fills.py's
-``step_fills``; the plan above walked down, solve/descents.py; and
-swapped, solve/swaps.py; a fixed few per step). The frontier holds filled plans too:
-inside its steep steps, and the runtime-optimal plan filled at its own
+``step_fills``; the plan above walked down, solve/descents.py, and
+swapped, solve/swaps.py; a fixed few per step). The frontier holds filled
+plans too: inside its steep steps, and the runtime-optimal plan filled at its own
 peak at its top; and, inside the steep steps, their cheaper plans walked
 down one recomputed value at a time (solve/descents.py).
 
