@@ -29,7 +29,7 @@ def gpt2_problem():
 def _ratios(problem) -> list[float]:
     """Fast over exact cost, on the proxy, at targets from 70% to 95% of
     the runtime-optimal plan's proxy peak."""
-    price = fast._objective_of(problem)
+    price = fast.objective_of(problem)
     top = problem.peak(*masks(problem, runtime_optimal(problem)))
     ratios = []
     for fraction in np.linspace(0.70, 0.95, 8):

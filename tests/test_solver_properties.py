@@ -506,7 +506,7 @@ def test_fill_keeps_plans_runnable_within_budget_and_never_costlier(seed, offloa
     """The fill, several moves a round (``_batched``), from the plan that
     recomputes everything it can: runnable, within the budget, and costing
     no more than the plan it started from."""
-    from fxckpt.solve.fast import _objective_of, fill
+    from fxckpt.solve.fast import objective_of, fill
     problem = _problem(seed, offload)
     saved, recomputed = _masks(problem, BASELINES["recompute_all"](problem))
     start = (saved, recomputed, problem.tagged_offload(saved))
@@ -517,7 +517,7 @@ def test_fill_keeps_plans_runnable_within_budget_and_never_costlier(seed, offloa
     plan = fill(problem, budget, *start)
     assert problem.is_feasible(*plan) == ""
     assert problem.peak(*plan) <= max(budget, low)
-    price = _objective_of(problem)
+    price = objective_of(problem)
     assert price(*plan) <= price(*start) + 1e-15
 
 
@@ -542,7 +542,7 @@ def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, pos
         return
     if problem.peak(*cut) > budget:
         return
-    price = fast._objective_of(problem)
+    price = fast.objective_of(problem)
     filled = fast.fill(problem, budget, *cut)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast, "_POLISH_MAX_VALUES", 0)
@@ -563,7 +563,7 @@ def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, po
     problem = _problem(seed, offload)
     budgets = _budgets(problem)
     budget = budgets[0] + position * (budgets[-1] - budgets[0])
-    price = fast._objective_of(problem)
+    price = fast.objective_of(problem)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fast, "_POLISH_MAX_VALUES", 0)
         try:

@@ -1,12 +1,14 @@
-"""Steep steps of the frontier get their cheaper plan swapped
-(solve/swaps.py): a saved value live where it peaks recomputed, a
+"""A budget's step gets its cheaper plan swapped (solve/swaps.py,
+frontier.step_plans): a saved value live where it peaks recomputed, a
 recomputed value saved back. Checked on random graphs (every swap a
-runnable plan other than the one it starts from; the frontier never
-costlier at any budget, every plan runnable) and on the compile suite's
-4-layer GPT with the fast solver, where a plan at 5.284 us peaked 512 B
-above the exact programme's plan of the same cost: a swapped plan makes a
-budget at its peak pay less than without swaps, the step's measured peak
-holds within it, and it trains bitwise equal to eager."""
+runnable plan other than the one it starts from; the step's plans inside
+the step, runnable, never costlier at any budget than without swaps, and
+solve_budgeted monotone; nothing weighed beyond _MAX_VALUES) and on the
+compile suite's 4-layer GPT with the fast solver, where a plan at 5.284 us
+peaked 512 B above the exact programme's plan of the same cost: a swapped
+plan makes a budget at its peak pay over 5% less than without swaps, the
+step's measured peak holds within it, and it trains bitwise equal to
+eager."""
 
 from __future__ import annotations
 

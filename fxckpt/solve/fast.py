@@ -110,7 +110,7 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None,
         candidates.append(cut)
     except Infeasible:
         pass
-    price = _objective_of(problem)
+    price = objective_of(problem)
     peaks = [problem.peak(*c) for c in candidates]
     feasible = [c for c, peak in zip(candidates, peaks) if peak <= budget]
     over = [(peak, c) for c, peak in zip(candidates, peaks) if peak > budget]
@@ -186,7 +186,7 @@ def lowered(problem: Problem, plan, width: int = _FILL_CANDIDATES) -> tuple | No
     saved instead. None if no move lowers it. ``width``: the values
     weighed, those freeing most bytes per recompute cost."""
     live = problem.stage_live(*plan)
-    price = _objective_of(problem)
+    price = objective_of(problem)
     peak, cost = float(live.max()), price(*plan)
     best = None
     for trial in lowering_moves(problem, plan, width, live):
@@ -230,19 +230,6 @@ def saving_moves(problem: Problem, plan):
         yield trial
 
 
-def runnable(problem: Problem, saved: np.ndarray) -> tuple | None:
-    """(saved, recomputed) of a plan saving ``saved`` made runnable: saved
-    only where allowed, values backward would have to recompute but cannot
-    saved too, saved values nothing reads dropped; None if none runs."""
-    return _closed(problem, saved)
-
-
-def objective_of(problem: Problem):
-    """The objective the strategies minimise, as a function of a plan's
-    masks (saved, recomputed, offloaded): see ``_objective_of``."""
-    return _objective_of(problem)
-
-
 def _unsaved(problem: Problem, saved: np.ndarray, i: int, inputs: bool):
     """(saved, recomputed) with value ``i`` no longer saved (``inputs``: its
     inputs saved instead, through inputs that cannot be saved); None if no
@@ -261,7 +248,7 @@ def _unsaved(problem: Problem, saved: np.ndarray, i: int, inputs: bool):
                 trial[j] = True
             elif problem.can_recompute[j]:
                 waiting.extend(indices[indptr[j]:indptr[j + 1]])
-    return _closed(problem, trial)
+    return runnable(problem, trial)
 
 
 def _distinct(plans: list) -> list:
@@ -276,7 +263,7 @@ def _distinct(plans: list) -> list:
     return kept
 
 
-def _objective_of(problem: Problem):
+def objective_of(problem: Problem):
     """The objective the strategies minimise, as a function of a plan's
     masks: recompute (with preference penalties) and transfer time. Its
     weights are computed once (the fill prices thousands of moves)."""
@@ -296,7 +283,7 @@ def _rounded_plans(problem: Problem, budget: float, relaxations: Relaxations) ->
         return []
     plans = []
     for threshold in _THRESHOLDS:
-        plan = _closed(problem, fraction_saved >= threshold)
+        plan = runnable(problem, fraction_saved >= threshold)
         if plan is not None:
             saved, recomputed = plan
             offloaded = saved & problem.can_offload & (fraction_offloaded >= threshold)
@@ -323,9 +310,10 @@ def _with_offload(problem: Problem, budget: float, saved: np.ndarray,
     return saved, recomputed, offloaded
 
 
-def _closed(problem: Problem, saved: np.ndarray):
-    """``saved`` made runnable: saved where allowed, and values backward would
-    have to recompute but cannot are saved instead."""
+def runnable(problem: Problem, saved: np.ndarray) -> tuple | None:
+    """(saved, recomputed) of a plan saving ``saved`` made runnable: saved
+    only where allowed, values backward would have to recompute but cannot
+    saved too, saved values nothing reads dropped; None if none runs."""
     saved = saved & problem.can_save
     while True:
         recomputed = computed_in_backward(problem, saved)
@@ -410,7 +398,7 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
     hundreds of small masks worth saving, one a round took every fill to
     its last round)."""
     plan = (saved.copy(), recomputed.copy(), offloaded.copy())
-    price = _objective_of(problem)
+    price = objective_of(problem)
     objective = price(*plan)
     live = problem.stage_live(*plan)
     for _ in range(_FILL_ROUNDS):

@@ -12,9 +12,9 @@ step's own plans that fits (``step_plans``: that plan and the frontier
 plan under it filled towards the cheaper plan above, solve/fills.py's
 ``step_fills``; the plan above walked down, solve/descents.py, and
 swapped, solve/swaps.py; a fixed few per step). The frontier holds filled
-plans too: inside its steep steps, and the runtime-optimal plan filled at its own
-peak at its top; and, inside the steep steps, their cheaper plans walked
-down one recomputed value at a time (solve/descents.py).
+plans too: inside its steep steps, and the runtime-optimal plan filled at
+its own peak at its top; and, inside the steep steps, their cheaper plans
+walked down one recomputed value at a time (solve/descents.py).
 
 Below the lowest peak single recomputation reaches, the lowest plans are
 tried again with values recomputed more than once (solve/again.py): each
@@ -130,8 +130,9 @@ def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: st
     chosen = min(fitting, key=lambda c: (c.cost, c.peak))
     above = [c for c in frontier if c.peak > budget]
     if above:
-        # Inside a step: the plan below filled towards the one above, and
-        # the one above walked down (step_plans).
+        # Inside a step: the plan below (and the frontier plan under it)
+        # filled towards the one above, and the one above walked down and
+        # swapped (step_plans).
         upper = min(above, key=lambda c: c.peak)
         under = [c for c in fitting if c.peak < chosen.peak]
         below = max(under, key=lambda c: c.peak) if under else None

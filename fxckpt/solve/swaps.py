@@ -45,6 +45,8 @@ user preferences than the step's dearer plan does.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from fxckpt.solve.candidates import Candidate, Evaluate, evaluated, masks, non_dominated
@@ -77,11 +79,12 @@ def step_swaps(problem: Problem, evaluate: Evaluate, lower: Candidate,
     """The plans a budget inside the step from ``lower`` to ``upper``
     (neighbours on the frontier, ``upper`` the cheaper) can take from
     swapping ``upper`` (``_swapped``), besides the fills and descents: those
-    peaking strictly between the two and costing strictly between them,
-    not beaten by another."""
+    peaking strictly between the two, costing less than ``lower`` and no
+    less than the plan they were swapped from (a swap can cost what
+    ``upper`` does, lower), not beaten by another."""
     if upper.decision.again or problem.n > _MAX_VALUES:
         return []
-    candidate = lambda decision: evaluated(problem, evaluate, decision)  # noqa: E731
+    candidate = partial(evaluated, problem, evaluate)
     made: list[Candidate] = []
     start = upper
     for _ in range(_ROUNDS):
