@@ -285,3 +285,52 @@ def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
     started.clear()
     frontier._recomputed_again(problem, candidate, found(held=80))
     assert set(started) == {"per_block"}
+
+
+def _distinct_bases(count: int):
+    """(problem, decisions): ``count`` plans of a random problem that each
+    recompute something to copy again, no two recomputing the same."""
+    from fxckpt.solve.fast import cut_plan
+    from fxckpt.solve.problem import to_decision
+
+    for seed in range(40):
+        profile, tags = random_profile(seed, n_forward=40, n_backward=30)
+        problem = build_problem(profile, tags)
+        decisions: dict[tuple, object] = {}
+        for lam in np.geomspace(1e-15, 1e-6, 60):
+            saved, recomputed = cut_plan(problem, float(lam))
+            if copy_steps(problem, recomputed, 0.0):
+                decision = to_decision(problem, saved, recomputed, solver="fast",
+                                       seconds=0.0, gap=None, budget_bytes=None)
+                decisions.setdefault(decision.recomputed, decision)
+        if len(decisions) >= count:
+            return problem, list(decisions.values())[:count]
+    raise AssertionError("no random problem with enough distinct plans")
+
+
+def test_again_starts_from_the_lowest_plans_that_give_a_plan_below_the_floor():
+    """Of the lowest plans (up to _AGAIN_TRIES), recomputing again sweeps
+    the first _AGAIN_BASES that give a plan below the lowest peak: a low
+    plan that gives none does not take a place (tiny HF GPT-NeoX, hidden
+    32: its second lowest plan gave none, the third gave the floor)."""
+    problem, decisions = _distinct_bases(4)
+
+    class Timeline:
+        def __init__(self, peak):
+            self.peak_bytes, self.peak_at = peak, ""
+
+    started = []
+
+    def candidate(decision):
+        k = [d.recomputed for d in decisions].index(decision.recomputed)
+        started.append(k)
+        # The second lowest plan gives nothing below the lowest peak (100).
+        return Candidate(decision, None, Timeline(150 if k == 1 else 90), 2.0)
+
+    found = [Candidate(d, None, Timeline(100 + k), 1.0 - 0.1 * k)
+             for k, d in enumerate(decisions)]
+    kept = frontier._recomputed_again(problem, candidate, found, from_seeds=False)
+    assert set(started) == {0, 1, 2}
+    assert kept and all(c.peak < 100 for c in kept)
+    assert {[d.recomputed for d in decisions].index(c.decision.recomputed)
+            for c in kept} == {0, 2}

@@ -91,12 +91,19 @@ RUNTIME_OPTIMAL_INDUCTOR = {
 }
 
 AT_FLOOR = {
-    # chain and attention: no plan peaks lower than the runtime-optimal one
-    # (the peak is in backward, where gradients and backward's temporaries
-    # are live whatever is saved), and that plan recomputes nothing costly,
-    # so at the floor the budget takes it: the cheapest plan that fits.
-    "chain": dict(floor=173320, saved=RUNTIME_OPTIMAL["chain"]["saved"],
-                  recomputed=RUNTIME_OPTIMAL["chain"]["recomputed"]),
+    # chain: a cut plan recomputing addmm, relu and sin, addmm and relu
+    # again, peaks 8 KiB under the runtime-optimal plan (measured 165,128 B,
+    # as predicted). It was found
+    # once recomputing again tried the lowest plans that give a plan below
+    # the floor (frontier._AGAIN_TRIES); the floor had been the
+    # runtime-optimal plan's 173,320 B.
+    "chain": dict(floor=165128, saved=["detach_2", "primals_2", "primals_5", "t", "t_2"],
+                  recomputed=["addmm", "relu", "sin"],
+                  again=[("addmm", 3), ("relu", 3)]),
+    # attention: no plan peaks lower than the runtime-optimal one (the peak
+    # is in backward, where gradients and backward's temporaries are live
+    # whatever is saved), and that plan recomputes nothing costly, so at the
+    # floor the budget takes it: the cheapest plan that fits.
     "attention": dict(floor=91144, saved=RUNTIME_OPTIMAL["attention"]["saved"],
                       recomputed=RUNTIME_OPTIMAL["attention"]["recomputed"]),
     # diamond: the runtime-optimal plan is at the floor too, but a plan
@@ -180,4 +187,5 @@ def test_plan_at_the_floor(name):
                           compiler="eager")
     assert sorted(plan.saved) == golden["saved"]
     assert sorted(plan.recomputed) == golden["recomputed"]
+    assert sorted(plan.recomputed_again) == golden.get("again", [])
     assert plan.peak_bytes <= golden["floor"]

@@ -90,16 +90,21 @@ _CUT_BAND_WORK = 19_200
 # and the frontier fell from it to 147.2 us there.
 _CUT_GAP = 0.99
 _CUT_PLANS = 12
+# Cut plans next to those simulated, walked to while they land on the
+# frontier (``_cut_walk``), at most (fewer on large graphs).
+_CUT_WALKS = 4
 _CUT_WORK = 6_400
 # Besides those, up to _STEEP_PLANS whose proxy peak lies below the frontier
 # plans either side of them in cost (fewer on large graphs, none beyond
 # 3,200 forward values).
 _STEEP_PLANS = 3
 # Recomputing again: how many of the lowest plans it starts from (besides the
-# region seeds; 0: never recompute again), and the
-# idle stretches (fractions of backward's steps) after which a value is
-# recomputed again rather than held.
+# region seeds; 0: never recompute again), those that give a plan below the
+# lowest peak, among how many of the lowest tried; and the idle stretches
+# (fractions of backward's steps) after which a value is recomputed again
+# rather than held.
 _AGAIN_BASES = 2
+_AGAIN_TRIES = 4
 _AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 _REGION_SEEDS = ("per_block", "lean_blocks", "per_part")
 
@@ -229,16 +234,20 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         found += _below_lowest(lambda target: solved(target, base),
                                min(c.peak for c in found))
     found += _fill_gaps(lambda target: solved(target, base), found, ratio)
-    found += _cut_plans(base, candidate, found, cuts)
+    cut, series = _cut_plans(base, candidate, found, cuts)
+    found += cut
+    walked = _cut_walk(base, candidate, found, series)
     # Recomputing again before the steps are filled: a filled plan peaks
     # about as low as the plan it fills and costs less, so it would take
     # that plan's place among the lowest plans recomputing again starts
     # from, and a plan recomputing more leaves more to recompute again
     # (tiny HF Llama: the floor rose from 110,280 to 118,216 bytes).
-    found += _recomputed_again(problem, candidate, found, again_from_seeds)
+    found += _recomputed_again(problem, candidate, found + walked, again_from_seeds)
+    # The cut plans walked to join the frontier after the fills and
+    # descents (``_cut_walk``).
     found += fills.steps_filled(problem, candidate, found)
     found += descents.steps_descended(problem, candidate, found)
-    return non_dominated(found)
+    return non_dominated(found + walked)
 
 
 def _sweep_ratio(top: float, lowest: int, count: int) -> float:
@@ -279,7 +288,7 @@ def _fill_gaps(solved, found: list[Candidate], ratio: float) -> list[Candidate]:
 
 
 def _cut_plans(problem: Problem, candidate, found: list[Candidate],
-               cuts: CutPlans) -> list[Candidate]:
+               cuts: CutPlans) -> tuple[list[Candidate], list[Decision]]:
     """Minimum-cut plans at prices per byte spread over the values' own cost
     per byte (see fast.cut_plan): plans chosen by saved bytes, not by the
     proxy's peak, which can be cautious about a whole family of plans. On
@@ -296,11 +305,13 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
     cost drops steeply over a narrow band of peaks no gap is wide, yet such
     a plan can land below both neighbours (8-layer compile-suite GPT: from
     107.5 to 15.7 us within 0.6% of peak, where a cut plan gives
-    1,839,304 B at 19.2 us, 2% below both)."""
+    1,839,304 B at 19.2 us, 2% below both). Answers those simulated, and
+    the series of distinct cut plans not found before, cheapest first (for
+    ``_cut_walk``)."""
     ratio = problem.cost / np.maximum(problem.size, 1.0)
     ratio = ratio[(problem.cost > 0) & (problem.size > 0)]
     if not len(ratio):
-        return []
+        return [], []
     low, high = np.quantile(ratio, [0.01, 0.99])
     prices = list(np.geomspace(max(low, 1e-30) / 10, max(high, low, 1e-30) * 10, _CUT_PRICES))
     plans = {lam: cuts(problem, float(lam)) for lam in prices}
@@ -320,13 +331,14 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
         key = (saved.tobytes(), recomputed.tobytes())
         if key not in masks:
             masks[key] = (saved, recomputed, problem.plan_cost(recomputed))
-    ranked, steep = [], []
+    ranked, steep, series = [], [], []
     for saved, recomputed, cost in masks.values():
         decision = to_decision(problem, saved, recomputed, solver="cut", seconds=0.0,
                                gap=None, budget_bytes=None)
         if (decision.saved, decision.recomputed) in known:
             continue
         known.add((decision.saved, decision.recomputed))
+        series.append(decision)
         # The frontier plans either side of it in cost, and how far apart
         # they are in peak (costlier than the lowest plan: it can only
         # help below it, tried last).
@@ -349,7 +361,41 @@ def _cut_plans(problem: Problem, candidate, found: list[Candidate],
     extra = min(_STEEP_PLANS, _CUT_WORK // max(2 * problem.n, 1))
     chosen += [decision for _, _, decision in sorted(steep)
                if plan_key(decision) not in keys][:extra]
-    return [candidate(decision) for decision in chosen]
+    return [candidate(decision) for decision in chosen], series
+
+
+def _cut_walk(problem: Problem, candidate, found: list[Candidate],
+              series: list) -> list[Candidate]:
+    """Cut plans next to those on the frontier in the price series
+    (``series``, cheapest first: ``_cut_plans``' second answer), towards
+    the cheaper and the leaner neighbour, on while each lands on the
+    frontier too, at most ``_CUT_WALKS`` in all (fewer on large graphs).
+    The proxy's peak is cautious by different amounts along the series, so
+    a neighbour the gaps did not pick can peak as low: stablelm (hidden 64,
+    sequence 16), where the gaps picked a cut plan at 379,912 B costing
+    4.253 us, and the next cheaper one peaks at 379,912 B too, costing
+    3.277 us; recomputing again from it gave 373,256 B at 7.055 us, where
+    the lowest plans gave 372,232 B at 8.491 us. Recomputing again starts
+    from the plans walked to, but the fills and descents do not see them:
+    a plan walked to that they then beat moves the steps they fill (tiny
+    HF Qwen2, hidden 32: one budget went from 1.00x the exact programme's
+    to 1.06x)."""
+    count = min(_CUT_WALKS, _CUT_WORK // max(problem.n, 1))
+    index = {plan_key(decision): k for k, decision in enumerate(series)}
+    waiting = [(index[plan_key(c.decision)], step) for c in non_dominated(found)
+               if plan_key(c.decision) in index for step in (-1, 1)]
+    seen = {k for k, _ in waiting}
+    walked: list[Candidate] = []
+    while waiting and len(walked) < count:
+        k, step = waiting.pop(0)
+        k += step
+        if not 0 <= k < len(series) or k in seen:
+            continue
+        seen.add(k)
+        walked.append(candidate(series[k]))
+        if any(c is walked[-1] for c in non_dominated(found + walked)):
+            waiting.append((k, step))
+    return walked
 
 
 def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
@@ -362,26 +408,27 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
     if _AGAIN_BASES <= 0:
         return []
     lowest = min(c.peak for c in found)
-    bases = sorted(found, key=lambda c: (c.peak, c.cost))[:_AGAIN_BASES]
-    # The region seeds too: their recompute chains stay inside a block or
-    # submodule, so copies made again are short-lived, and the lowest plan
-    # after recomputing again need not be among the lowest before.
-    bases += [c for c in found if from_seeds and c.decision.solver in _REGION_SEEDS
-              and c not in bases]
     # A base the exact model cannot tell from one taken before (the same
     # peak and cost) is not started from again: on GPTs per_block and
     # lean_blocks differ by one view, and so do their plans recomputing
     # again, which tie too (58-layer GPT: two evaluations, 0.3 s, saved).
     distinct: dict[tuple, Candidate] = {}
-    for base in bases:
+    for base in sorted(found, key=lambda c: (c.peak, c.cost)):
         distinct.setdefault((base.peak, base.cost), base)
     # Recomputing again keeps the base's saved set, so no plan made from it
     # peaks below what the base holds as backward starts (the schedule
     # model's held_at_backward, where it evaluated the base): a base holding
     # the lowest peak already is not started from (58-layer GPT: per_part,
     # 15.6 MB saved against a lowest peak of 6.6 MB).
-    bases = [base for base in distinct.values()
-             if getattr(base.timeline, "held_at_backward", 0) < lowest]
+    usable = [base for base in distinct.values()
+              if getattr(base.timeline, "held_at_backward", 0) < lowest]
+    bases = usable[:_AGAIN_TRIES]
+    among_lowest = {id(c) for c in bases}
+    # The region seeds too: their recompute chains stay inside a block or
+    # submodule, so copies made again are short-lived, and the lowest plan
+    # after recomputing again need not be among the lowest before.
+    bases += [c for c in usable if from_seeds and c.decision.solver in _REGION_SEEDS
+              and id(c) not in among_lowest]
     tried: set[tuple] = set()
     kept: list[Candidate] = []
     # A base whose first plan recomputing again ties an earlier base's first
@@ -390,7 +437,17 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
     # by a view and its base, and whose plans then tie at every stretch; 16
     # layers: 2 of 12 evaluations; 8 layers: 3 of 15).
     firsts: set[tuple] = set()
+    # Of the lowest plans, the first _AGAIN_BASES that give a plan below
+    # the lowest peak are swept (the region seeds all are): a low plan that
+    # recomputes little has little to recompute again (tiny HF GPT-NeoX,
+    # hidden 32: the second lowest plan, at 111,752 B, gave none, and the
+    # third, a cut plan at 112,008 B, gave the floor at 5.166 us where the
+    # lowest alone gave it at 8.146 us).
+    productive = 0
     for base in bases:
+        if id(base) in among_lowest and productive >= _AGAIN_BASES:
+            continue
+        before = len(kept)
         recomputed = mask(problem, base.decision.recomputed)
         first = True
         for fraction in _AGAIN_GAPS:
@@ -408,6 +465,7 @@ def _recomputed_again(problem: Problem, candidate, found: list[Candidate],
                 if (made.peak, made.cost) in firsts:
                     break
                 firsts.add((made.peak, made.cost))
+        productive += id(base) in among_lowest and len(kept) > before
     return kept
 
 
