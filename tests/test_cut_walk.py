@@ -1,15 +1,11 @@
 """Cut plans walked to (solve/frontier.py's _cut_walk): from each cut plan
 on the frontier, the neighbours in the price series are evaluated, on in
 each direction while the plan walked to lands on the frontier, within a
-bounded count; and on stablelm (tiny configuration, no weights), where the
-gaps picked a cut plan whose cheaper neighbour peaks as low, the fast
-frontier costs what the exact programme's does at every budget."""
+bounded count. (On a model: tests/test_solvers_unseen.py's StableLM.)"""
 
 from __future__ import annotations
 
 from dataclasses import replace
-
-import pytest
 
 import fxckpt.solve.frontier as frontier
 from fxckpt.solve.baselines import per_block
