@@ -16,10 +16,13 @@ plans too: inside its steep steps, and the runtime-optimal plan filled at
 its own peak at its top; and, inside the steep steps, their cheaper plans
 walked down one recomputed value at a time (solve/descents.py).
 
+Minimum-cut plans join in, chosen in the frontier's gaps, and the cut plans
+next to those that land on the frontier are walked to (``_cut_walk``).
 Below the lowest peak single recomputation reaches, the lowest plans are
-tried again with values recomputed more than once (solve/again.py): each
-such plan is kept only where its exact peak is lower still, so the frontier
-above that floor is what it would be without them.
+tried again with values recomputed more than once (solve/again.py; the
+first two of the lowest that give such a plan): each such plan is kept
+only where its exact peak is lower still, so the frontier above that floor
+is what it would be without them.
 
 Because neither the frontier nor the plans filled inside its steps depend
 on the budget:
@@ -375,17 +378,16 @@ def _cut_walk(problem: Problem, candidate, found: list[Candidate],
     (``series``, cheapest first: ``_cut_plans``' second answer), towards
     the cheaper and the leaner neighbour, on while each lands on the
     frontier too, at most ``_CUT_WALKS`` in all (none beyond
-    ``_WALK_VALUES`` forward values).
-    The proxy's peak is cautious by different amounts along the series, so
-    a neighbour the gaps did not pick can peak as low: stablelm (hidden 64,
-    sequence 16), where the gaps picked a cut plan at 379,912 B costing
-    4.253 us, and the next cheaper one peaks at 379,912 B too, costing
-    3.277 us; recomputing again from it gave 373,256 B at 7.055 us, where
-    the lowest plans gave 372,232 B at 8.491 us. Recomputing again starts
-    from the plans walked to, but the fills and descents do not see them:
-    a plan walked to that they then beat moves the steps they fill (tiny
-    HF Qwen2, hidden 32: one budget went from 1.00x the exact programme's
-    to 1.06x)."""
+    ``_WALK_VALUES`` forward values). The proxy's peak is cautious by
+    different amounts along the series, so a neighbour the gaps did not
+    pick can peak as low: stablelm (hidden 64, sequence 16), where the gaps
+    picked a cut plan at 379,912 B costing 4.253 us, and the next cheaper
+    one peaks at 379,912 B too, costing 3.277 us; recomputing again from it
+    gave 373,256 B at 7.055 us, where the lowest plans gave 372,232 B at
+    8.491 us. Recomputing again starts from the plans walked to, but the
+    fills and descents do not see them: a plan walked to that they then
+    beat moves the steps they fill (tiny HF Qwen2, hidden 32: one budget
+    went from 1.00x the exact programme's to 1.06x)."""
     count = _CUT_WALKS if problem.n <= _WALK_VALUES else 0
     index = {plan_key(decision): k for k, decision in enumerate(series)}
     waiting = [(index[plan_key(c.decision)], step) for c in non_dominated(found)
