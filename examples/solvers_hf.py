@@ -8,12 +8,12 @@ solvers` compares the zoo:
         qwen2,mistral,gpt_neox,opt,phi,gemma,falcon,bert
     python examples/solvers_hf.py tiny_qwen2,tiny_neox,tiny_opt,tiny_phi,tiny_mistral
     python examples/solvers_hf.py \
-        tiny_gemma,tiny_falcon,tiny_bloom,tiny_stablelm,tiny_gpt2,tiny_qwen3,tiny_llama_bias
+        tiny_gemma,tiny_falcon,tiny_stablelm,tiny_gpt2,tiny_qwen3,tiny_llama_bias
 
 (the tiny_ names: hidden 32, 2 heads, vocab 64, input 2x16, dropout 0.1
 wherever the config has one; Qwen2 with one key-value head, Mistral with 3
 layers, 4 heads of 8 and 2 key-value heads; Gemma with one key-value head
-of 16; Falcon, Bloom, StableLM, Qwen3 with 4 heads (StableLM and Qwen3 2
+of 16; Falcon, StableLM, Qwen3 with 4 heads (StableLM and Qwen3 2
 key-value heads); GPT-2 with 3 layers and 4 heads; Llama with biases.) For each model and solver the whole frontier a budget selects from
 (fxckpt.pareto's, the plans inside its steps included); then, at each
 budget, the recompute cost of the plan each picks, and whether the fast
@@ -61,8 +61,6 @@ _TINY = {
     "tiny_falcon": ("FalconConfig", dict(hidden_size=_W, num_hidden_layers=2,
                                          num_attention_heads=4, hidden_dropout=0.1,
                                          attention_dropout=0.1)),
-    "tiny_bloom": ("BloomConfig", dict(hidden_size=_W, n_layer=2, n_head=4,
-                                       hidden_dropout=0.1, attention_dropout=0.1)),
     "tiny_stablelm": ("StableLmConfig", dict(hidden_size=_W, intermediate_size=2 * _W,
                                              num_hidden_layers=2, num_attention_heads=4,
                                              num_key_value_heads=2, hidden_dropout=0.1,
