@@ -15,34 +15,28 @@ frontier reach the exact programme's plans.
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.nn as nn
 
 from fxckpt.bench.solvers import capture_joint, frontier
 from fxckpt.bench.ways import Step
 
+try:
+    from tests.zoo import HFCausalLM, _hf_loss, _import_transformers
+except ImportError:  # pragma: no cover
+    from zoo import HFCausalLM, _hf_loss, _import_transformers
+
 _BOUND = 0.05
 
 
-class _Causal(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels)
-
-
 def _model(config_class: str, model_class: str, seq: int, vocab: int, **config):
-    transformers = pytest.importorskip("transformers")
+    transformers = _import_transformers()
     torch.manual_seed(0)
     model = getattr(transformers, model_class)._from_config(
         getattr(transformers, config_class)(vocab_size=vocab, use_cache=False, **config),
         attn_implementation="sdpa")
     model.loss_type = "ForCausalLM"
     ids = torch.randint(vocab, (2, seq), generator=torch.Generator().manual_seed(0))
-    return Step(_Causal(model).train(), lambda out: out.loss), (ids, ids.clone())
+    return Step(HFCausalLM(model).train(), _hf_loss), (ids, ids.clone())
 
 
 def _ratios(step, inputs, budgets: int = 21) -> list[tuple[int, float]]:
