@@ -14,7 +14,8 @@ solvers` compares the zoo:
 wherever the config has one; Qwen2 with one key-value head, Mistral with 3
 layers, 4 heads of 8 and 2 key-value heads; Gemma with one key-value head
 of 16; Falcon, StableLM, Qwen3 with 4 heads (StableLM and Qwen3 2
-key-value heads); GPT-2 with 3 layers and 4 heads; Llama with biases.) For each model and solver the whole frontier a budget selects from
+key-value heads); GPT-2 with 3 layers and 4 heads; Llama with biases.)
+For each model and solver the whole frontier a budget selects from
 (fxckpt.pareto's, the plans inside its steps included); then, at each
 budget, the recompute cost of the plan each picks, and whether the fast
 one is within 5% of the exact one's. One thread, compiler="eager".

@@ -14,6 +14,8 @@ that rule."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -22,10 +24,10 @@ from fxckpt.models import make_model
 
 try:
     from tests.golden_graphs import graphs
-    from tests.harness import torch_saved
+    from tests.harness import assert_bitwise_equal, run_step, torch_saved
 except ImportError:  # pragma: no cover
     from golden_graphs import graphs
-    from harness import torch_saved
+    from harness import assert_bitwise_equal, run_step, torch_saved
 
 RUNTIME_OPTIMAL = {
     # fc1 -> relu -> sin -> fc2 -> tanh -> sum. Backward reads relu's output
@@ -93,9 +95,9 @@ RUNTIME_OPTIMAL_INDUCTOR = {
 AT_FLOOR = {
     # chain: a cut plan recomputing addmm, relu and sin, addmm and relu
     # again, peaks 8 KiB under the runtime-optimal plan (measured 165,128 B,
-    # as predicted). It was found
-    # once recomputing again tried the lowest plans that give a plan below
-    # the floor (frontier._AGAIN_TRIES); the floor had been the
+    # as predicted: test_floor_compiles_within_it_and_trains_bitwise). It
+    # was found once recomputing again tried the lowest plans that give a
+    # plan below the floor (frontier._AGAIN_TRIES); the floor had been the
     # runtime-optimal plan's 173,320 B.
     "chain": dict(floor=165128, saved=["detach_2", "primals_2", "primals_5", "t", "t_2"],
                   recomputed=["addmm", "relu", "sin"],
@@ -189,3 +191,21 @@ def test_plan_at_the_floor(name):
     assert sorted(plan.recomputed) == golden["recomputed"]
     assert sorted(plan.recomputed_again) == golden.get("again", [])
     assert plan.peak_bytes <= golden["floor"]
+
+
+@pytest.mark.parametrize("name", sorted(AT_FLOOR))
+def test_floor_compiles_within_it_and_trains_bitwise(name):
+    """A budget at each golden floor, compiled: the step's measured peak
+    keeps it, and loss and gradients are bitwise those of eager PyTorch."""
+    from fxckpt.bench.measure import measure_peak_bytes
+
+    model, inputs = graphs()[name]
+    floor = AT_FLOOR[name]["floor"]
+    backend = fxckpt.backend(compiler="eager", solver="ilp", budget=floor)
+    compiled = torch.compile(copy.deepcopy(model), backend=backend)
+    ours = run_step(compiled, inputs, lambda out: out.sum())
+    measured = measure_peak_bytes(lambda: compiled(*inputs).sum().backward())
+    reference = run_step(copy.deepcopy(model), inputs, lambda out: out.sum())
+    assert backend.plans and all(plan.peak_bytes <= floor for plan in backend.plans)
+    assert measured <= floor, (measured, floor)
+    assert_bitwise_equal(ours, reference)

@@ -42,7 +42,6 @@ def _model(config_class: str, model_class: str, seq: int, vocab: int, **config):
 def _ratios(step, inputs, budgets: int = 21) -> list[tuple[int, float]]:
     """(budget, fast plan's recompute over the exact one's) at ``budgets``
     budgets from the exact frontier's floor to the runtime-optimal peak."""
-    torch.set_num_threads(1)
     joint_call = capture_joint(step, inputs)
     exact, fast = (frontier(joint_call, solver)[0] for solver in ("ilp", "fast"))
     floor, top = exact.plans[0].peak_bytes, exact.runtime_optimal.peak_bytes
