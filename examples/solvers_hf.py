@@ -6,6 +6,8 @@ solvers` compares the zoo:
 
     FXSEQ=16 python examples/solvers_hf.py \
         qwen2,mistral,gpt_neox,opt,phi,gemma,falcon,bert
+    python examples/solvers_hf.py \
+        qwen2,gpt_neox,opt,phi,stablelm,falcon,qwen3,gemma,llama_bias,mistral
     python examples/solvers_hf.py tiny_qwen2,tiny_neox,tiny_opt,tiny_phi,tiny_mistral
     python examples/solvers_hf.py \
         tiny_gemma,tiny_falcon,tiny_stablelm,tiny_gpt2,tiny_qwen3,tiny_llama_bias
