@@ -54,6 +54,10 @@ fills_module = importlib.import_module("fxckpt.solve.fills")
 @settings(max_examples=20, deadline=None)
 @given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast", "auto"]),
        st.booleans())
+# Found by CI at stop 51: the step to the runtime-optimal plan walked down
+# to 86,720 B at no cost, unless a fill at 86,784 B took that step's place
+# first (the steps are now walked down before the fills too).
+@example(seed=89, solver="ilp", offload=False)
 def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)

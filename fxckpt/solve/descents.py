@@ -23,7 +23,10 @@ first plan below the dearer plan's peak, at one that costs as much as
 the dearer plan, or before one that overrides more user preferences than
 the dearer plan does. It runs after the other stages, so it only adds
 plans to the frontier, never changes which plans the other stages start
-from. A descended plan inside a step does change the step a budget there
+from. The frontier's steps are walked down before the fills, and the
+steps the fills make after them, so that a fill taking a step's place
+never drops what walking that step down gave. A
+descended plan inside a step does change the step a budget there
 falls in: the plan below is filled towards it (fills.step_fills), not
 towards the old upper plan, and that fill can cost more (tiny HF GPT-2,
 the ILP's frontier, one budget of 41: 4.86 -> 8.68 us).
@@ -39,7 +42,8 @@ the same (0.999x at one budget of GPT-2's).
 
 from __future__ import annotations
 
-from fxckpt.solve.candidates import Candidate, Evaluate, evaluated, masks, non_dominated
+from fxckpt.solve.candidates import (Candidate, Evaluate, evaluated, masks, non_dominated,
+                                     plan_key)
 from fxckpt.solve.fast import lowered
 from fxckpt.solve.fills import Evaluated, as_seen_from, steep_steps
 from fxckpt.solve.problem import Problem, to_decision
@@ -64,18 +68,30 @@ _WIDTH = 16
 _STEP_MOVES = 2
 
 
-def steps_descended(problem: Problem, candidate: Evaluated,
-                    found: list[Candidate]) -> list[Candidate]:
+def steps_descended(problem: Problem, candidate: Evaluated, found: list[Candidate],
+                    skip: frozenset = frozenset()) -> list[Candidate]:
     """Every plan made walking down the frontier's steep steps: for each,
     the cheaper plan lowered (fast.lowered) in the proxy as seen from it,
     each move evaluated by ``candidate``. Steps are ranked as the fills
-    rank them (fills.steep_steps)."""
-    steps = [(lower, upper) for lower, upper in steep_steps(found) if not upper.decision.again]
+    rank them (fills.steep_steps); those in ``skip`` (``step_keys``) are
+    not walked."""
+    steps = [(lower, upper) for lower, upper in steep_steps(found)
+             if not upper.decision.again and _key(lower, upper) not in skip]
     count = min(_STEPS, _WORK // max(problem.n, 1))
     made: list[Candidate] = []
     for lower, upper in steps[:count]:
         made += _descent(problem, candidate, lower, upper)
     return made
+
+
+def step_keys(found: list[Candidate]) -> frozenset:
+    """The steep steps of the frontier of ``found``, each as the plan keys
+    of its two plans (for ``steps_descended``'s ``skip``)."""
+    return frozenset(_key(lower, upper) for lower, upper in steep_steps(found))
+
+
+def _key(lower: Candidate, upper: Candidate) -> tuple:
+    return plan_key(lower.decision), plan_key(upper.decision)
 
 
 def _descent(problem: Problem, candidate: Evaluated, lower: Candidate,

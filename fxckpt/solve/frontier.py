@@ -253,8 +253,17 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     found += _recomputed_again(problem, candidate, found + walked, again_from_seeds)
     # The cut plans walked to join the frontier after the fills and
     # descents (``_cut_walk``).
+    # The steep steps are walked down before the fills, and the steps the
+    # fills make after them: a filled plan can take a step's place on the
+    # frontier, and what walking that step down gave is kept all the same,
+    # so the fills only ever add (a random graph of 23 values: the step to
+    # the runtime-optimal plan walked down to 86,720 B at no cost; filled
+    # first, the step became one to a fill at 86,784 B, which no descent
+    # lowered, and a budget of 86,720 B paid 77.5 us).
+    before = descents.step_keys(found)
+    walked_down = descents.steps_descended(problem, candidate, found)
     found += fills.steps_filled(problem, candidate, found)
-    found += descents.steps_descended(problem, candidate, found)
+    found += walked_down + descents.steps_descended(problem, candidate, found, before)
     return non_dominated(found + walked)
 
 
