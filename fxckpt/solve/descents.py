@@ -25,9 +25,8 @@ the dearer plan does. It runs after the other stages, so it only adds
 plans to the frontier, never changes which plans the other stages start
 from. The frontier's steps are walked down before the fills, and the
 steps the fills make after them, so that a fill taking a step's place
-never drops what walking that step down gave. A
-descended plan inside a step does change the step a budget there
-falls in: the plan below is filled towards it (fills.step_fills), not
+never drops what walking that step down gave. A descended plan inside a
+step does change the step a budget there falls in: the plan below is filled towards it (fills.step_fills), not
 towards the old upper plan, and that fill can cost more (tiny HF GPT-2,
 the ILP's frontier, one budget of 41: 4.86 -> 8.68 us).
 

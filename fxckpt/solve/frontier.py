@@ -251,8 +251,6 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     # from, and a plan recomputing more leaves more to recompute again
     # (tiny HF Llama: the floor rose from 110,280 to 118,216 bytes).
     found += _recomputed_again(problem, candidate, found + walked, again_from_seeds)
-    # The cut plans walked to join the frontier after the fills and
-    # descents (``_cut_walk``).
     # The steep steps are walked down before the fills, and the steps the
     # fills make after them: a filled plan can take a step's place on the
     # frontier, and what walking that step down gave is kept all the same,
@@ -264,6 +262,8 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
     walked_down = descents.steps_descended(problem, candidate, found)
     found += fills.steps_filled(problem, candidate, found)
     found += walked_down + descents.steps_descended(problem, candidate, found, before)
+    # The cut plans walked to join the frontier after the fills and
+    # descents (``_cut_walk``).
     return non_dominated(found + walked)
 
 
