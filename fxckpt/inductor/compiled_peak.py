@@ -9,12 +9,15 @@ and its wrapper reuses freed buffers. None of that is in the FX graphs.
 
 The wrapper code Inductor emits is the allocation order itself: each buffer
 is made by ``empty_strided_<device>(size, stride, dtype)`` (or returned by a
-fallback kernel, whose size the following ``assert_size_stride`` states), is
-handed on by ``# reuse`` lines without a new allocation, and is freed by
-``del``. Walking the forward's code, keeping what it returns (saved values
-and outputs), then the backward's code, with its inputs bound to the
-forward's saved values, gives the live bytes after every line and their
-maximum: the step's peak as the allocator sees it. Scratch memory that
+fallback kernel, whose size the following ``assert_size_stride`` states,
+under that name or another it is bound to first, as a custom operator's
+output is; it is made while the kernel's inputs are live, though the lines
+before the assert delete them), is handed on by ``# reuse`` lines without a
+new allocation, and is freed by ``del``. Walking the forward's code,
+keeping what it returns (saved values and outputs), then the backward's
+code, with its inputs bound to the forward's saved values, gives the live
+bytes after every line and their maximum: the step's peak as the allocator
+sees it. Scratch memory that
 CPU convolution kernels and CUDA attention kernels allocate and free inside
 themselves is added as memory.workspace_bytes counts it; other scratch is
 not seen. A fallback
@@ -131,6 +134,12 @@ class _Walk:
         self.sizes: dict[object, int] = {}
         self.level = self.peak = 0
         self.fallback: set[str] = set()
+        # Fallback outputs not yet sized -> their other names (``step``).
+        self.unsized: dict[str, set[str]] = {}
+        # A fallback call: [bytes live when it ran, its outputs sized so
+        # far]; and the call each name of an output not yet sized is from.
+        self.calls: dict[str, list[int]] = {}
+        self.call_of: dict[str, str] = {}
         self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
         self.cpu = True
         self.kernel_scratch: dict[str, int] = {}
@@ -184,15 +193,32 @@ class _Walk:
                 self.names[match[1]] = storage
         elif match := _CALL.match(statement):
             self.fallback.add(match[1])     # its size comes in the assert after it
+            # Its inputs are live while it makes its outputs, whatever the
+            # lines after it delete before the asserts place them.
+            self.calls[match[1]] = [self.level, 0]
+            self.call_of[match[1]] = match[1]
             op = match[2]
             if op == "higher_order" and (wrapped := _WRAPPED.search(statement)):
                 op = wrapped[1]
             _scratch(self, match[1], op, match.group(3, 4, 5))
         elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
             self.fallback.add(match[1])     # one output of a multi-output fallback
+            if match[2] in self.call_of:
+                self.call_of[match[1]] = self.call_of[match[2]]
         elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
             self.fallback.discard(match[1])
             self.allocate(match[1], _nbytes(match[2], match[3], "float32"))
+            call = self.calls.get(self.call_of.pop(match[1], ""))
+            if call is not None:
+                call[1] += self.sizes[self.names[match[1]]]
+                self.peak = max(self.peak, call[0] + call[1])
+            for name in self.unsized.pop(match[1], ()):
+                # The other names of that output (``_ALIAS``).
+                self.unsized.pop(name, None)
+                self.fallback.discard(name)
+                self.names[name] = self.names[match[1]]
+                if name in self.scratch_of:
+                    self.scratch_of[match[1]] = self.scratch_of.pop(name)
             if self.scratch_of.pop(match[1], None) == "convolution":
                 # CPU convolution writes its output through a temporary of
                 # its size (memory.workspace_bytes).
@@ -200,6 +226,16 @@ class _Walk:
         elif match := _ALIAS.match(statement):
             if match[2] in self.names:
                 self.names[match[1]] = self.names[match[2]]
+            elif match[2] in self.fallback:
+                # A fallback's output named again before the assert that
+                # sizes it (``buf46 = buf45`` after a custom operator's call,
+                # the assert naming buf46): the assert sizes both names.
+                group = self.unsized.pop(match[2], set()) | {match[2]}
+                self.fallback.add(match[1])
+                if match[2] in self.call_of:
+                    self.call_of[match[1]] = self.call_of[match[2]]
+                for name in group | {match[1]}:
+                    self.unsized[name] = (group | {match[1]}) - {name}
         elif statement.startswith("del "):
             for name in statement[4:].split(","):
                 self.delete(name.strip())
