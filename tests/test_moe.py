@@ -12,21 +12,19 @@ than torch.compile with torch.utils.checkpoint around each decoder layer."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 
 import fxckpt
-from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError
 
 try:
     from tests.harness import assert_bitwise_equal, run_step
+    from tests.hf_steps import checkpoint_each, compiled_peak
     from tests.zoo import HFCausalLM, _hf_loss, _import_transformers
 except ImportError:  # pragma: no cover
     from harness import assert_bitwise_equal, run_step
+    from hf_steps import checkpoint_each, compiled_peak
     from zoo import HFCausalLM, _hf_loss, _import_transformers
 
 SEQ = 64
@@ -44,47 +42,28 @@ def _mixtral():
     return HFCausalLM(model).train(), (ids, ids.clone())
 
 
-def _compiled_step(model, inputs, backend):
-    """(measured peak of a second step, the compiled model)."""
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        compiled(*inputs).loss.backward()
-
-    step()
-    return measure_peak_bytes(step), compiled
-
-
-def _per_block(model):
-    for layer in model.model.model.layers:
-        layer.forward = functools.partial(
-            lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), layer.forward)
-    return model
-
-
 @pytest.mark.slow
 def test_mixtral_floor_met_and_bitwise_equal_to_torch_compile(reset_dynamo):
     torch.set_num_threads(1)
     model, inputs = _mixtral()
-    _, reference = _compiled_step(model, inputs, "aot_eager")
+    _, reference = compiled_peak(model, inputs, "aot_eager")
     expected = run_step(reference, inputs, _hf_loss)
 
     model, _ = _mixtral()
     default = fxckpt.backend(compiler="eager")
-    _, compiled = _compiled_step(model, inputs, default)
+    _, compiled = compiled_peak(model, inputs, default)
     assert_bitwise_equal(expected, run_step(compiled, inputs, _hf_loss))
 
     model, _ = _mixtral()
     with pytest.raises(BudgetError) as refused:
         fxckpt.explain(model, *inputs, budget=1, compiler="eager")
     floor = refused.value.floor_bytes
-    per_block, _ = _compiled_step(_per_block(_mixtral()[0]), inputs, "aot_eager")
+    per_block_model = _mixtral()[0]
+    checkpoint_each(per_block_model.model.model.layers)
+    per_block, _ = compiled_peak(per_block_model, inputs, "aot_eager")
     model, _ = _mixtral()
     backend = fxckpt.backend(compiler="eager", budget=floor)
-    measured, compiled = _compiled_step(model, inputs, backend)
+    measured, compiled = compiled_peak(model, inputs, backend)
     print(f"mixtral seq {SEQ}: floor {floor} B, measured {measured} B, "
           f"torch.compile per-block {per_block} B, default {default.plans[0].peak_bytes} B")
     assert len(backend.plans) == 1, "the step recompiled"
