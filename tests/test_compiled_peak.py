@@ -220,6 +220,58 @@ def test_a_fallback_output_named_again_before_its_assert_is_counted():
                                     "del buf2\n        return (primals_1, )")
     assert step_peak(freed, None).held_bytes == 0
 
+
+# sort's outputs, as Inductor calls it: values, then int64 indices, the
+# asserts naming no dtype; the first call's indices never taken out.
+_SORT_FORWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, = args
+        args.clear()
+        buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+        kernel(primals_1, buf0)
+        buf1 = torch.ops.aten.sort.stable(buf0, stable=False, dim=1, descending=False)
+        del buf0
+        buf2 = buf1[0]
+        assert_size_stride(buf2, (4, 8), (8, 1), 'torch.ops.aten.sort.default')
+        buf3 = buf1[1]
+        assert_size_stride(buf3, (4, 8), (8, 1), 'torch.ops.aten.sort.default')
+        del buf1
+        return (buf2, buf3, )
+"""
+
+
+def test_fallback_outputs_take_their_ops_bytes_per_element():
+    """Values 128 B and indices 256 B (int64) on the 128 B input live at
+    the call; without the op's outputs the indices read 128 B."""
+    sort = {"sort": ((4, 128), (8, 256))}
+    peak = step_peak(_SORT_FORWARD, None, {}, sort)
+    assert (peak.forward_peak_bytes, peak.held_bytes) == (128 + 128 + 256, 128 + 256)
+    assert step_peak(_SORT_FORWARD, None).held_bytes == 128 + 128
+    # Only the values taken out: the indices were made all the same, on
+    # the input and the values, until the call's results are deleted.
+    values_only = _SORT_FORWARD.replace(
+        "        buf3 = buf1[1]\n"
+        "        assert_size_stride(buf3, (4, 8), (8, 1), 'torch.ops.aten.sort.default')\n", ""
+    ).replace("return (buf2, buf3, )", "return (buf2, )")
+    peak = step_peak(values_only, None, {}, sort)
+    assert (peak.forward_peak_bytes, peak.held_bytes) == (128 + 128 + 256, 128)
+    assert step_peak(values_only, None).forward_peak_bytes == 128 + 128
+
+
+def test_fallback_outputs_read_the_planned_graphs():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fxckpt.inductor.compiled_peak import fallback_outputs
+
+    graph = make_fx(lambda x: torch.sort(x, dim=-1)[1].float() + x.topk(2)[0].sum())(
+        torch.randn(4, 8)).graph
+    found = fallback_outputs([graph])
+    assert found["sort"] == ((4, 128), (8, 256))
+    assert found["topk"] == ((4, 32), (8, 64))
+    assert found["add"] == ((4, 128),)
+
 def test_fallback_scratch_reads_the_planned_graphs():
     """fallback_scratch gives a CUDA attention backward its outputs plus the
     scratch memory.workspace_bytes counts; CPU nodes give nothing."""

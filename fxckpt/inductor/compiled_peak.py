@@ -20,8 +20,10 @@ bytes after every line and their maximum: the step's peak as the allocator
 sees it. Scratch memory that
 CPU convolution kernels and CUDA attention kernels allocate and free inside
 themselves is added as memory.workspace_bytes counts it; other scratch is
-not seen. A fallback
-kernel's output is taken as float32 (its assert names no dtype).
+not seen. A fallback kernel's outputs take their op's bytes per element
+from the planned graphs (their asserts name no dtype; float32 where the
+op is not there), and outputs of a call the code never takes out its
+op's largest (``fallback_outputs``).
 
 Why read the code rather than model Inductor or constrain it: the gap
 between the FX-level model and the compiled code is not one mechanism.
@@ -48,11 +50,12 @@ from fxckpt.memory.model import CUDA_BLOCK_BYTES, device_type, tensor_bytes, wor
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
 _REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
 _ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
-_CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops|extern_kernels)\.(\w+)[.(]"
+_CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops(?=\.higher_order\.)|torch\.ops\.\w+"
+                   r"|extern_kernels)\.(\w+)[.(]"
                    r"(?:default\()?(\w+)?(?:, (\w+))?(?:, (\w+))?")
 # One output of a multi-output fallback; a random op run under fxckpt's RNG
 # replay returns (state, outputs), so its outputs are items of an item.
-_ITEM = re.compile(r"^(\w+) = (\w+)(?:\[\d+\])+$")
+_ITEM = re.compile(r"^(\w+) = (\w+)((?:\[\d+\])+)$")
 # The op a higher-order wrapper (run_and_save_rng_state, run_with_rng_state) runs.
 _WRAPPED = re.compile(r"torch\.ops\.aten\.(\w+)\.")
 _ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
@@ -67,18 +70,25 @@ class CompiledPeak:
 
 
 def step_peak(forward_code: str, backward_code: str | None,
-              kernel_scratch: dict[str, int] | None = None) -> CompiledPeak | None:
+              kernel_scratch: dict[str, int] | None = None,
+              outputs: dict[str, tuple[tuple[int, int], ...]] | None = None
+              ) -> CompiledPeak | None:
     """The step's peak from Inductor's forward and backward wrapper code;
     None where the code holds lines this reading does not understand (an
     allocation of a symbolic size, a memory pool), so no figure is better
     than a wrong one. ``kernel_scratch``: for fallback kernels on CUDA that
     hold scratch memory (attention), op name -> the most bytes one call
-    holds, its outputs included (``fallback_scratch``)."""
+    holds, its outputs included (``fallback_scratch``); ``outputs``: op
+    name -> (bytes per element, most bytes) of each of its outputs
+    (``fallback_outputs``; an output not known there is taken as
+    float32, and one the code never takes out of a call's results as
+    nothing)."""
     try:
         forward = _call_body(forward_code)
         walk = _Walk()
         walk.cpu = _on_cpu(forward)
         walk.kernel_scratch = dict(kernel_scratch or {})
+        walk.outputs = dict(outputs or {})
         returned = walk.run(forward)
         kept = {walk.names[name] for name in returned if name in walk.names}
         walk.keep_only(kept)
@@ -140,6 +150,11 @@ class _Walk:
         # far]; and the call each name of an output not yet sized is from.
         self.calls: dict[str, list[int]] = {}
         self.call_of: dict[str, str] = {}
+        # Bytes per element of a pending name: its op's output, where known.
+        self.itemsize: dict[str, int] = {}
+        self.outputs: dict[str, tuple[tuple[int, int], ...]] = {}
+        self.op_of: dict[str, str] = {}          # a plain fallback call -> its op
+        self.taken: dict[str, set[int]] = {}     # a call -> the outputs taken out
         self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
         self.cpu = True
         self.kernel_scratch: dict[str, int] = {}
@@ -157,6 +172,15 @@ class _Walk:
     def delete(self, name: str) -> None:
         if name.startswith("tangents"):
             return
+        sizes = self.outputs.get(self.op_of.pop(name, ""), ())
+        if len(sizes) > 1 and name in self.calls:
+            # A call's results deleted: the outputs never taken out of them
+            # were made too, at most their op's largest (sort's indices
+            # where only the values are used).
+            taken = self.taken.pop(name, set())
+            held, placed = self.calls[name]
+            untaken = sum(most for k, (_, most) in enumerate(sizes) if k not in taken)
+            self.peak = max(self.peak, held + placed + untaken)
         storage = self.names.pop(name, None)
         if storage in self.sizes and storage not in self.names.values():
             self.level -= self.sizes.pop(storage)
@@ -200,14 +224,27 @@ class _Walk:
             op = match[2]
             if op == "higher_order" and (wrapped := _WRAPPED.search(statement)):
                 op = wrapped[1]
+            else:
+                # A wrapped op's outputs come with a generator state: only
+                # a plain call's outputs are its op's, in order.
+                self.op_of[match[1]] = op
+                sizes = self.outputs.get(op, ())
+                if len(sizes) == 1:
+                    self.itemsize[match[1]] = sizes[0][0]
             _scratch(self, match[1], op, match.group(3, 4, 5))
         elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
             self.fallback.add(match[1])     # one output of a multi-output fallback
             if match[2] in self.call_of:
                 self.call_of[match[1]] = self.call_of[match[2]]
+            index = re.findall(r"\d+", match[3])
+            sizes = self.outputs.get(self.op_of.get(match[2], ""), ())
+            if len(index) == 1 and int(index[0]) < len(sizes):
+                self.itemsize[match[1]] = sizes[int(index[0])][0]
+                self.taken.setdefault(match[2], set()).add(int(index[0]))
         elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
             self.fallback.discard(match[1])
-            self.allocate(match[1], _nbytes(match[2], match[3], "float32"))
+            self.allocate(match[1], _nbytes(match[2], match[3], "float32",
+                                            self.itemsize.pop(match[1], None)))
             call = self.calls.get(self.call_of.pop(match[1], ""))
             if call is not None:
                 call[1] += self.sizes[self.names[match[1]]]
@@ -234,6 +271,8 @@ class _Walk:
                 self.fallback.add(match[1])
                 if match[2] in self.call_of:
                     self.call_of[match[1]] = self.call_of[match[2]]
+                if match[2] in self.itemsize:
+                    self.itemsize[match[1]] = self.itemsize[match[2]]
                 for name in group | {match[1]}:
                     self.unsized[name] = (group | {match[1]}) - {name}
         elif statement.startswith("del "):
@@ -273,7 +312,7 @@ def _returned_names(statement: str) -> list[str]:
     return names
 
 
-def _nbytes(size: str, stride: str, dtype: str) -> int:
+def _nbytes(size: str, stride: str, dtype: str, itemsize: int | None = None) -> int:
     try:
         sizes = [int(s) for s in size.split(",") if s.strip()]
         strides = [int(s) for s in stride.split(",") if s.strip()]
@@ -281,8 +320,32 @@ def _nbytes(size: str, stride: str, dtype: str) -> int:
         raise _Unreadable(f"symbolic size {size}") from None
     if any(s == 0 for s in sizes):
         return 0
-    itemsize = getattr(torch, dtype).itemsize
+    itemsize = itemsize or getattr(torch, dtype).itemsize
     return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * itemsize
+
+
+def fallback_outputs(graphs) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Op name -> (bytes per element, most bytes) of each of its outputs,
+    the largest over the nodes of ``graphs`` (the planned FX graphs) that
+    call it. The wrapper code's asserts name no dtype (sort's and topk's
+    int64 indices read as float32 took half their bytes), and a call's
+    outputs the code never takes out have no assert at all."""
+    found: dict[str, list[list[int]]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            packet = getattr(node.target, "overloadpacket", None)
+            if node.op != "call_function" or packet is None:
+                continue
+            value = node.meta.get("val")
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            known = found.setdefault(packet.__name__, [])
+            known.extend([0, 0] for _ in range(len(values) - len(known)))
+            for k, item in enumerate(values):
+                if isinstance(item, torch.Tensor):
+                    known[k][0] = max(known[k][0], item.dtype.itemsize)
+                    known[k][1] = max(known[k][1], tensor_bytes(item))
+    return {name: tuple((size or 4, most) for size, most in sizes)
+            for name, sizes in found.items()}
 
 
 def fallback_scratch(graphs) -> dict[str, int]:

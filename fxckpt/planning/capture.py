@@ -21,7 +21,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from fxckpt.inductor.compiled_peak import fallback_scratch, step_peak
+from fxckpt.inductor.compiled_peak import fallback_outputs, fallback_scratch, step_peak
 from fxckpt.inductor.addmm import SplitLateAddmm
 from fxckpt.inductor.fusion import recompute_apart
 from fxckpt.errors import BudgetError
@@ -243,17 +243,18 @@ def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_pea
 def _attempt(gm, example_inputs, planner, uuid, mark: int):
     """(compiled, bytes its plan's compiled code peaks over the budget)."""
     code: dict[str, str] = {}
-    scratch: list[dict[str, int]] = []
+    scratch: list[tuple[dict, dict]] = []
     compiled = _inductor(gm, example_inputs, planner, _attempt_uuid(planner, uuid), code,
                          scratch)
     return compiled, _note_compiled_peaks(planner, mark, code, scratch)
 
 
 def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
-              scratch: list[dict[str, int]]):
+              scratch: list[tuple[dict, dict]]):
     """compile_fx with the planner as partitioner; ``code`` gets the wrapper
     code Inductor generated for the forward and the backward, ``scratch``
-    the planned graphs' kernel scratch (``fallback_scratch``), read as the
+    the planned graphs' kernel scratch and fallback outputs
+    (``fallback_scratch``, ``fallback_outputs``), read as the
     partitioner hands them to Inductor. (Read after compiling, on an H100
     with torch 2.11, the compiled peak lacked the attention backward's
     573,440 bytes and the zoo GPT's floor plan peaked 12% over it; why was
@@ -326,13 +327,14 @@ def _symbolic(example_inputs) -> bool:
 
 
 def _note_compiled_peaks(planner, mark: int, code: dict[str, str],
-                        scratch: list[dict[str, int]]) -> int:
+                        scratch: list[tuple[dict, dict]]) -> int:
     """Give the plan made since ``mark`` its compiled peak; return the bytes
     it is over its byte budget (0 when within it, or not known)."""
     if len(planner.plans) != mark + 1 or not code.get("forward"):
         return 0
     plan = planner.plans[mark]
-    compiled = step_peak(code["forward"], code.get("backward"), scratch[-1] if scratch else {})
+    kernel_scratch, outputs = scratch[-1] if scratch else ({}, {})
+    compiled = step_peak(code["forward"], code.get("backward"), kernel_scratch, outputs)
     if compiled is None or code.get("backward") is None:
         return 0
     note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "
@@ -361,7 +363,7 @@ class _InductorPartitioner(CustomPartitionerFn):
     """Inductor runs its joint-graph passes, then asks us to partition."""
 
     def __init__(self, planner: Planner, uuid: str | None,
-                 scratch: list[dict[str, int]]) -> None:
+                 scratch: list[tuple[dict, dict]]) -> None:
         self.planner = planner
         self._uuid = uuid
         self._scratch = scratch
@@ -369,7 +371,8 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
         forward, backward = self.planner(gm, joint_inputs, **kwargs)
-        self._scratch.append(fallback_scratch((forward.graph, backward.graph)))
+        graphs = (forward.graph, backward.graph)
+        self._scratch.append((fallback_scratch(graphs), fallback_outputs(graphs)))
         return forward, backward
 
     def uuid(self):
