@@ -41,7 +41,7 @@ budget naming the lowest compiled peak it saw.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -103,7 +103,9 @@ def step_peak(forward_code: str, backward_code: str | None,
             # Tangents are made by autograd for the backward, sized by the
             # wrapper's input asserts (as float32: a loss's gradient), and
             # held by autograd until the backward returns, whatever it deletes.
-            walk.fallback.update(name for name in inputs if name.startswith("tangents"))
+            for name in inputs:
+                if name.startswith("tangents"):
+                    walk.expect(name, None, None)
             walk.run(backward[1:])
     except _Unreadable:
         return None
@@ -136,6 +138,33 @@ def _call_body(code: str) -> list[str]:
     return body
 
 
+@dataclass
+class _Call:
+    """A fallback kernel's call: the bytes live when it ran (its inputs are
+    live while it makes its outputs, whatever the lines after it delete
+    before the asserts place them), its outputs placed so far, its op's
+    outputs' (bytes per element, most bytes) where known
+    (``fallback_outputs``), and which of them the code took out."""
+
+    name: str
+    held: int
+    outputs: tuple = ()
+    placed: int = 0
+    taken: set = field(default_factory=set)
+
+
+@dataclass
+class _Output:
+    """A fallback's output its assert has not sized yet: the call it is
+    from (None for a tangent, which autograd makes), its bytes per element
+    where known, and every name bound to it (a custom operator's output is
+    named again before the assert, which may name either)."""
+
+    call: _Call | None
+    itemsize: int | None
+    names: set
+
+
 class _Walk:
     """Live storages while the wrapper's lines run, by the names bound to them."""
 
@@ -143,19 +172,10 @@ class _Walk:
         self.names: dict[str, object] = {}
         self.sizes: dict[object, int] = {}
         self.level = self.peak = 0
-        self.fallback: set[str] = set()
-        # Fallback outputs not yet sized -> their other names (``step``).
-        self.unsized: dict[str, set[str]] = {}
-        # A fallback call: [bytes live when it ran, its outputs sized so
-        # far]; and the call each name of an output not yet sized is from.
-        self.calls: dict[str, list[int]] = {}
-        self.call_of: dict[str, str] = {}
-        # Bytes per element of a pending name: its op's output, where known.
-        self.itemsize: dict[str, int] = {}
+        self.pending: dict[str, _Output] = {}   # fallback outputs not yet sized
+        self.calls: dict[str, _Call] = {}       # by the name of a call's results
         self.outputs: dict[str, tuple[tuple[int, int], ...]] = {}
-        self.op_of: dict[str, str] = {}          # a plain fallback call -> its op
-        self.taken: dict[str, set[int]] = {}     # a call -> the outputs taken out
-        self.scratch_of: dict[str, str] = {}   # fallback output -> op, where it has scratch
+        self.scratch_of: dict[str, str] = {}   # fallback call -> op, where it has scratch
         self.cpu = True
         self.kernel_scratch: dict[str, int] = {}
 
@@ -172,15 +192,17 @@ class _Walk:
     def delete(self, name: str) -> None:
         if name.startswith("tangents"):
             return
-        sizes = self.outputs.get(self.op_of.pop(name, ""), ())
-        if len(sizes) > 1 and name in self.calls:
+        output = self.pending.pop(name, None)
+        if output is not None:
+            output.names.discard(name)      # its assert, if any, binds the others
+        call = self.calls.pop(name, None)
+        if call is not None and len(call.outputs) > 1:
             # A call's results deleted: the outputs never taken out of them
             # were made too, at most their op's largest (sort's indices
             # where only the values are used).
-            taken = self.taken.pop(name, set())
-            held, placed = self.calls[name]
-            untaken = sum(most for k, (_, most) in enumerate(sizes) if k not in taken)
-            self.peak = max(self.peak, held + placed + untaken)
+            untaken = sum(most for k, (_, most) in enumerate(call.outputs)
+                          if k not in call.taken)
+            self.peak = max(self.peak, call.held + call.placed + untaken)
         storage = self.names.pop(name, None)
         if storage in self.sizes and storage not in self.names.values():
             self.level -= self.sizes.pop(storage)
@@ -216,68 +238,58 @@ class _Walk:
             if storage is not None:
                 self.names[match[1]] = storage
         elif match := _CALL.match(statement):
-            self.fallback.add(match[1])     # its size comes in the assert after it
-            # Its inputs are live while it makes its outputs, whatever the
-            # lines after it delete before the asserts place them.
-            self.calls[match[1]] = [self.level, 0]
-            self.call_of[match[1]] = match[1]
             op = match[2]
             if op == "higher_order" and (wrapped := _WRAPPED.search(statement)):
-                op = wrapped[1]
-            else:
                 # A wrapped op's outputs come with a generator state: only
                 # a plain call's outputs are its op's, in order.
-                self.op_of[match[1]] = op
-                sizes = self.outputs.get(op, ())
-                if len(sizes) == 1:
-                    self.itemsize[match[1]] = sizes[0][0]
+                op, outputs = wrapped[1], ()
+            else:
+                outputs = self.outputs.get(op, ())
+            call = self.calls[match[1]] = _Call(match[1], self.level, outputs)
+            # Its size comes in the assert after it.
+            self.expect(match[1], call, outputs[0][0] if len(outputs) == 1 else None)
             _scratch(self, match[1], op, match.group(3, 4, 5))
-        elif (match := _ITEM.match(statement)) and match[2] in self.fallback:
-            self.fallback.add(match[1])     # one output of a multi-output fallback
-            if match[2] in self.call_of:
-                self.call_of[match[1]] = self.call_of[match[2]]
-            index = re.findall(r"\d+", match[3])
-            sizes = self.outputs.get(self.op_of.get(match[2], ""), ())
-            if len(index) == 1 and int(index[0]) < len(sizes):
-                self.itemsize[match[1]] = sizes[int(index[0])][0]
-                self.taken.setdefault(match[2], set()).add(int(index[0]))
-        elif (match := _ASSERT.match(statement)) and match[1] in self.fallback:
-            self.fallback.discard(match[1])
-            self.allocate(match[1], _nbytes(match[2], match[3], "float32",
-                                            self.itemsize.pop(match[1], None)))
-            call = self.calls.get(self.call_of.pop(match[1], ""))
-            if call is not None:
-                call[1] += self.sizes[self.names[match[1]]]
-                self.peak = max(self.peak, call[0] + call[1])
-            for name in self.unsized.pop(match[1], ()):
-                # The other names of that output (``_ALIAS``).
-                self.unsized.pop(name, None)
-                self.fallback.discard(name)
+        elif (match := _ITEM.match(statement)) and match[2] in self.pending:
+            # One output of a multi-output fallback.
+            call = self.pending[match[2]].call
+            index = [int(k) for k in re.findall(r"\d+", match[3])]
+            itemsize = None
+            if call is not None and len(index) == 1 and index[0] < len(call.outputs):
+                itemsize = call.outputs[index[0]][0]
+                call.taken.add(index[0])
+            self.expect(match[1], call, itemsize)
+        elif (match := _ASSERT.match(statement)) and match[1] in self.pending:
+            output = self.pending[match[1]]
+            self.allocate(match[1], _nbytes(match[2], match[3], "float32", output.itemsize))
+            for name in output.names:
+                self.pending.pop(name)
                 self.names[name] = self.names[match[1]]
-                if name in self.scratch_of:
-                    self.scratch_of[match[1]] = self.scratch_of.pop(name)
-            if self.scratch_of.pop(match[1], None) == "convolution":
+            call = output.call
+            if call is None:
+                return
+            call.placed += self.sizes[self.names[match[1]]]
+            self.peak = max(self.peak, call.held + call.placed)
+            if self.scratch_of.pop(call.name, None) == "convolution":
                 # CPU convolution writes its output through a temporary of
                 # its size (memory.workspace_bytes).
                 self.peak = max(self.peak, self.level + self.sizes[self.names[match[1]]])
         elif match := _ALIAS.match(statement):
             if match[2] in self.names:
                 self.names[match[1]] = self.names[match[2]]
-            elif match[2] in self.fallback:
+            elif match[2] in self.pending:
                 # A fallback's output named again before the assert that
-                # sizes it (``buf46 = buf45`` after a custom operator's call,
-                # the assert naming buf46): the assert sizes both names.
-                group = self.unsized.pop(match[2], set()) | {match[2]}
-                self.fallback.add(match[1])
-                if match[2] in self.call_of:
-                    self.call_of[match[1]] = self.call_of[match[2]]
-                if match[2] in self.itemsize:
-                    self.itemsize[match[1]] = self.itemsize[match[2]]
-                for name in group | {match[1]}:
-                    self.unsized[name] = (group | {match[1]}) - {name}
+                # sizes it (``buf46 = buf45`` after a custom operator's
+                # call, the assert naming buf46): the assert sizes both.
+                output = self.pending[match[1]] = self.pending[match[2]]
+                output.names.add(match[1])
         elif statement.startswith("del "):
             for name in statement[4:].split(","):
                 self.delete(name.strip())
+
+    def expect(self, name: str, call: _Call | None, itemsize: int | None) -> None:
+        """``name`` is an output of ``call`` (None: a tangent) that the
+        assert naming it is to size."""
+        self.pending[name] = _Output(call, itemsize, {name})
 
 
 def _scratch(walk: _Walk, output: str, op: str, operands) -> None:
@@ -331,19 +343,15 @@ def fallback_outputs(graphs) -> dict[str, tuple[tuple[int, int], ...]]:
     int64 indices read as float32 took half their bytes), and a call's
     outputs the code never takes out have no assert at all."""
     found: dict[str, list[list[int]]] = {}
-    for graph in graphs:
-        for node in graph.nodes:
-            packet = getattr(node.target, "overloadpacket", None)
-            if node.op != "call_function" or packet is None:
-                continue
-            value = node.meta.get("val")
-            values = value if isinstance(value, (tuple, list)) else (value,)
-            known = found.setdefault(packet.__name__, [])
-            known.extend([0, 0] for _ in range(len(values) - len(known)))
-            for k, item in enumerate(values):
-                if isinstance(item, torch.Tensor):
-                    known[k][0] = max(known[k][0], item.dtype.itemsize)
-                    known[k][1] = max(known[k][1], tensor_bytes(item))
+    for name, node in _op_calls(graphs):
+        value = node.meta.get("val")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        known = found.setdefault(name, [])
+        known.extend([0, 0] for _ in range(len(values) - len(known)))
+        for k, item in enumerate(values):
+            if isinstance(item, torch.Tensor):
+                known[k][0] = max(known[k][0], item.dtype.itemsize)
+                known[k][1] = max(known[k][1], tensor_bytes(item))
     return {name: tuple((size or 4, most) for size, most in sizes)
             for name, sizes in found.items()}
 
@@ -354,13 +362,21 @@ def fallback_scratch(graphs) -> dict[str, int]:
     scratch memory.workspace_bytes counts on a device other than the CPU:
     the wrapper code names the kernel, the graphs know its shapes."""
     found: dict[str, int] = {}
+    for name, node in _op_calls(graphs):
+        if device_type(node) in ("", "cpu"):
+            continue
+        scratch = workspace_bytes(node)
+        if scratch:
+            held = scratch + tensor_bytes(node.meta.get("val"))
+            found[name] = max(found.get(name, 0), held)
+    return found
+
+
+def _op_calls(graphs):
+    """(op name, node) of the nodes of ``graphs`` that call an operator:
+    the name the wrapper code calls it by."""
     for graph in graphs:
         for node in graph.nodes:
-            if node.op != "call_function" or device_type(node) in ("", "cpu"):
-                continue
-            scratch = workspace_bytes(node)
             packet = getattr(node.target, "overloadpacket", None)
-            if scratch and packet is not None:
-                held = scratch + tensor_bytes(node.meta.get("val"))
-                found[packet.__name__] = max(found.get(packet.__name__, 0), held)
-    return found
+            if node.op == "call_function" and packet is not None:
+                yield packet.__name__, node
