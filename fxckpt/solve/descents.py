@@ -26,9 +26,10 @@ plans to the frontier, never changes which plans the other stages start
 from. The frontier's steps are walked down before the fills, and the
 steps the fills make after them, so that a fill taking a step's place
 never drops what walking that step down gave. A descended plan inside a
-step does change the step a budget there falls in: the plan below is filled towards it (fills.step_fills), not
-towards the old upper plan, and that fill can cost more (tiny HF GPT-2,
-the ILP's frontier, one budget of 41: 4.86 -> 8.68 us).
+step does change the step a budget there falls in: the plan below is
+filled towards it (fills.step_fills), not towards the old upper plan, and
+that fill can cost more (tiny HF GPT-2, the ILP's frontier, one budget of
+41: 4.86 -> 8.68 us).
 
 At selection a budget's own step is walked down too (``step_descents``,
 solver "step descent"): its upper plan lowered a move or two, the plans
