@@ -14,17 +14,16 @@ recomputation (values recomputed at most once).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 import fxckpt
 import fxckpt.solve.frontier as frontier
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.bench.run import floor_bytes
+from fxckpt.bench.ways import torch_checkpointed, wrap_each
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import zoo  # noqa: E402
@@ -69,9 +68,7 @@ def measured(make, backend, *, torch_checkpoint=False) -> int:
     if torch_checkpoint:
         blocks = next(m for m in model.modules()
                       if isinstance(m, torch.nn.ModuleList) and len(m) > 1)
-        for block in blocks:
-            block.forward = functools.partial(
-                lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), block.forward)
+        wrap_each(blocks, torch_checkpointed)
     compiled = model if backend is None else torch.compile(model, backend=backend)
 
     def step():

@@ -25,18 +25,17 @@ fxckpt's solver="per_block". Sequence length: FXSEQ (default 128).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.bench.run import floor_bytes
+from fxckpt.bench.ways import torch_checkpointed, wrap_each
 
 SEQ = int(os.environ.get("FXSEQ", "128"))
 V = 128
@@ -183,9 +182,7 @@ def run(make, backend, *, torch_checkpoint=False):
     model, inputs, loss_fn = make()
     if torch_checkpoint:
         for blocks in blocks_of(model):
-            for block in blocks:
-                block.forward = functools.partial(
-                    lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), block.forward)
+            wrap_each(blocks, torch_checkpointed)
     compiled = model if backend is None else torch.compile(model, backend=backend)
     losses, grads = [], []
 

@@ -4,20 +4,16 @@ checkpoint."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from fxckpt.bench.measure import measure_peak_bytes
+from fxckpt.bench.ways import torch_checkpointed, wrap_each
 
 
 def checkpoint_each(layers) -> None:
     """Wrap each of ``layers`` (a decoder's ModuleList) in
     torch.utils.checkpoint, non-reentrant, as a user would per block."""
-    for layer in layers:
-        layer.forward = functools.partial(
-            lambda f, *a, **k: checkpoint(f, *a, use_reentrant=False, **k), layer.forward)
+    wrap_each(layers, torch_checkpointed)
 
 
 def compiled_peak(model, inputs, backend):

@@ -138,7 +138,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
     changed in place for the ways that checkpoint per block with torch)."""
     if way.family == EAGER:
         if way.key == "eager_checkpoint":
-            wrap_blocks(step.model, _per_block)
+            wrap_blocks(step.model, torch_checkpointed)
         elif way.key == "eager_sac":
             wrap_blocks(step.model, _selective)
         elif way.key == "eager_fxckpt_checkpoint":
@@ -146,7 +146,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
         return Built(step)
     if way.family == TORCH:
         if way.per_block:
-            wrap_blocks(step.model, _per_block)
+            wrap_blocks(step.model, torch_checkpointed)
         scope = contextlib.nullcontext
         if way.torch_budget is not None:
             scope = functools.partial(torch._functorch.config.patch,
@@ -217,11 +217,19 @@ def _timed(partition_fn, seconds: list[float]):
 def wrap_blocks(model: torch.nn.Module, wrap: Callable) -> None:
     """Replace each block's forward (model.blocks, an nn.ModuleList in every
     built-in model) with ``wrap(forward)``; parameters are untouched."""
-    for block in model.blocks:
+    wrap_each(model.blocks, wrap)
+
+
+def wrap_each(blocks, wrap: Callable) -> None:
+    """Replace the forward of each of ``blocks`` (any modules: a Hugging
+    Face decoder's layers) with ``wrap(forward)``."""
+    for block in blocks:
         block.forward = wrap(block.forward)
 
 
-def _per_block(forward):
+def torch_checkpointed(forward):
+    """``forward`` under torch.utils.checkpoint, non-reentrant: what a user
+    writes around each block."""
     @functools.wraps(forward)
     def checkpointed(*args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
