@@ -71,6 +71,19 @@ def test_key_is_the_same_in_another_process(tmp_path, monkeypatch):
         assert here.digest == there
 
 
+def test_key_reads_the_source_of_every_stage():
+    """A plan made by other code is not taken: the key reads every Python
+    file of the package, not only those beside the cache (it once read
+    planning/ alone, and a fix to tagging or solving kept the old plans)."""
+    from fxckpt.planning import cache
+
+    package = Path(fxckpt.__file__).parent
+    hashed = {Path(path) for path in cache.source_files()}
+    assert hashed == set(package.rglob("*.py"))
+    assert {package / "passes" / "tag.py", package / "solve" / "fast.py",
+            package / "ops.py"} <= hashed
+
+
 def test_key_follows_every_option_that_shapes_a_plan():
     gm, example_inputs = cache_worker.dynamo_graph(*cache_worker.small())
     base = Options.create()

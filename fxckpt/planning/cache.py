@@ -206,16 +206,30 @@ def _target(target) -> str:
 @functools.cache
 def _source_digest() -> str:
     """fxckpt's own source: a change to any stage makes new keys."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    root = package_root()
     digest = hashlib.sha256()
-    for folder, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, name)
-            digest.update(os.path.relpath(path, root).encode())
-            with open(path, "rb") as source:
-                digest.update(source.read())
+    for path in source_files():
+        digest.update(os.path.relpath(path, root).encode())
+        with open(path, "rb") as source:
+            digest.update(source.read())
     return digest.hexdigest()
+
+
+def package_root() -> str:
+    """The fxckpt package's folder (this module lives in its planning/)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_files() -> list[str]:
+    """Every Python file of the fxckpt package, in a fixed order: what
+    ``_source_digest`` reads. (It once read planning/ alone, the
+    folder this module moved into, so a change to any other stage kept the
+    keys, and plans made by the older code were taken.)"""
+    paths = []
+    for folder, dirs, files in sorted(os.walk(package_root())):
+        dirs.sort()
+        paths += [os.path.join(folder, name) for name in sorted(files) if name.endswith(".py")]
+    return paths
 
 
 @dataclass(frozen=True)
