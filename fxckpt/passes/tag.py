@@ -3,7 +3,10 @@
 Precedence, strongest first:
 1. what the op allows: a value that cannot be recomputed is MUST_SAVE;
 2. ``torch.utils.checkpoint`` regions in the model (``node.meta["recompute"]``),
-   the user's explicit choice in code;
+   the user's explicit choice in code; as in torch's partitioner, a value a
+   region recomputes but a later region reads (two checkpointed blocks one
+   after the other) is saved at that boundary, PREFER_SAVE: recomputing it
+   would run the region before it again in the later one's backward;
 3. the ``policy`` option;
 4. defaults: views and cheap pointwise ops prefer recompute, matmuls,
    convolutions and attention prefer save, everything else is the solver's call.
@@ -49,10 +52,35 @@ def tag_forward_values(joint: fx.GraphModule, profile: Profile, *,
     asker = f"policy {policy!r}"
     tags: dict[str, Tag] = {}
     for info in profile.forward_nodes():
-        region = nodes[info.name].meta.get("recompute")
-        region = region if isinstance(region, CheckpointPolicy) else None
-        tags[info.name] = _tag_one(info, region, answers.get(info.name), asker)
+        node = nodes[info.name]
+        region = _region(node)
+        reason = _REGION
+        if region in _RECOMPUTE and _read_by_a_later_region(node):
+            region, reason = P.PREFER_SAVE, _BOUNDARY
+        tags[info.name] = _tag_one(info, region, answers.get(info.name), asker, reason)
     return tags
+
+
+_REGION = "torch.utils.checkpoint region in the model"
+_BOUNDARY = ("torch.utils.checkpoint region's output that the next region reads (saved at "
+             "the boundary, as torch does)")
+
+
+def _region(node: fx.Node) -> CheckpointPolicy | None:
+    region = node.meta.get("recompute")
+    return region if isinstance(region, CheckpointPolicy) else None
+
+
+def _read_by_a_later_region(node: fx.Node) -> bool:
+    """Whether a region after ``node``'s own (a higher ``ac_graph_id``)
+    recomputes a reader of it: torch's partitioner saves such a value
+    (cleanup_recompute_tags) rather than recompute both regions in the
+    later one's backward."""
+    own = node.meta.get("ac_graph_id")
+    if own is None:
+        return False
+    return any(_region(user) in _RECOMPUTE and user.meta.get("ac_graph_id") is not None
+               and user.meta["ac_graph_id"] > own for user in node.users)
 
 
 def ask_policy(policy: PolicyFactory, nodes: dict[str, fx.Node],
@@ -127,10 +155,11 @@ def _value_names(node: fx.Node) -> tuple[str, ...]:
 
 
 def _tag_one(node: NodeProfile, region: CheckpointPolicy | None,
-             answer: CheckpointPolicy | None, asker: str = "policy") -> Tag:
+             answer: CheckpointPolicy | None, asker: str = "policy",
+             region_reason: str = _REGION) -> Tag:
     wanted: Tag | None = None
     if region is not None:
-        wanted = Tag(region, "torch.utils.checkpoint region in the model", Origin.REGION)
+        wanted = Tag(region, region_reason, Origin.REGION)
     elif answer is not None:
         wanted = Tag(answer, asker, Origin.POLICY)
     if wanted is not None and wanted.policy in _OFFLOAD_AS_SAVE \
