@@ -32,7 +32,10 @@ CONV_OPS = frozenset({aten.convolution, aten._convolution, aten.conv2d, aten.con
                       aten.conv3d})
 COMPUTE_INTENSIVE_OPS = MATMUL_OPS | ATTENTION_OPS | CONV_OPS
 # Namespaces whose ops are pure functions of their inputs (random ones aside,
-# which replay their RNG state). Ops from elsewhere are never recomputed.
+# which replay their RNG state). Ops from elsewhere (custom operators) run a
+# second time only where the user asked for that: inside a
+# torch.utils.checkpoint region, or under solver="per_block", which stands
+# for one around each block (passes/profile.py).
 PURE_NAMESPACES = frozenset({"aten", "prims", "fxckpt"})
 SEED_DRAW = ("Inductor's seed draw (saved, a few bytes; the random ops it seeds are "
              "recomputed from it and replay exactly)")
@@ -109,12 +112,22 @@ def is_collective(node: fx.Node) -> bool:
         target.namespace in ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
 
 
-def not_recomputable_reason(node: fx.Node) -> str:
+def is_custom_op(node: fx.Node) -> bool:
+    """An operator from outside torch's and fxckpt's own namespaces
+    (torch.library.custom_op, TORCH_LIBRARY)."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in PURE_NAMESPACES
+
+
+def not_recomputable_reason(node: fx.Node, *, rerun_custom: bool = False) -> str:
     """Why this node's value cannot be computed a second time; "" if it can.
     An op overload's reason depends on the op alone (FX's purity test asks
     only a higher-order operator's arguments), unless it is random (its
     generator and device are the call's): ``PerOp(not_recomputable_reason,
-    unless=is_random_op)`` reads it once per op."""
+    unless=is_random_op)`` reads it once per op. ``rerun_custom``: the user
+    asked for this call to run again (a torch.utils.checkpoint region), so
+    being a custom operator is no reason; mutating, side effects and
+    randomness still are."""
     if node.op == "placeholder":
         return "graph input"
     if node.op != "call_function":
@@ -129,9 +142,11 @@ def not_recomputable_reason(node: fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         if target._schema.is_mutable:
             return "mutates its input in place"
-        if target.namespace not in PURE_NAMESPACES:
+        if target.namespace not in PURE_NAMESPACES and not rerun_custom:
             return (f"custom op {target.namespace}::{target._schema.name.split('::')[-1]} "
-                    "(fxckpt cannot know it is deterministic, so it never runs it twice)")
+                    "(fxckpt cannot know it is deterministic, so it runs it twice only "
+                    "inside a torch.utils.checkpoint or fxckpt.checkpoint region, as "
+                    "torch does)")
         if is_seed_draw(node):
             return SEED_DRAW
         if is_random(node):

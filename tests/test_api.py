@@ -3,6 +3,8 @@ clear answers to bad input."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -190,7 +192,7 @@ def test_model_dynamo_cannot_capture_is_reported_by_explain():
         fxckpt.explain(Opaque(), torch.ones(3))
 
 
-def test_custom_op_is_never_recomputed():
+def test_custom_op_is_not_recomputed_outside_a_checkpoint_region():
     """An op fxckpt knows nothing about could be impure: it is saved, never
     run twice, and gradients stay exact."""
     calls = []
@@ -228,6 +230,68 @@ def test_custom_op_is_never_recomputed():
     custom = [e for e in be.plans[0].entries if "scale" in e.op]
     assert custom and all(e.action == "saved" for e in custom)
     assert "custom op" in custom[0].reason
+
+
+calls_of_double = []
+
+
+@torch.library.custom_op("fxckpt_test::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    calls_of_double.append(1)
+    return x * 2
+
+
+_double.register_fake(lambda x: torch.empty_like(x))
+_double.register_autograd(lambda ctx, g: g * 2)
+
+
+class _CustomBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _double(self.fc(x)).tanh()
+
+
+def _custom_blocks(checkpointed: bool) -> nn.Module:
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_CustomBlock(), _CustomBlock(), _CustomBlock())
+    if checkpointed:
+        for block in model:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return model
+
+
+@pytest.mark.parametrize("where", ["region", "per_block"])
+def test_custom_op_runs_again_where_torch_would_run_it_again(where):
+    """Inside a torch.utils.checkpoint region the user asked for its ops to
+    run again, and torch.compile runs a custom op there again; so does
+    fxckpt, and so does solver="per_block", which stands for such a region
+    around each block: as many calls as torch.compile makes (one more than
+    the forward's three: the last block's, the others' outputs being saved
+    at the boundaries), and gradients bitwise."""
+    x = torch.randn(4, 8)
+    reference = run_step(_custom_blocks(False), (x,), _loss)
+
+    def calls(model, backend) -> int:
+        compiled = torch.compile(model, backend=backend)
+        run_step(compiled, (x,), _loss)
+        calls_of_double.clear()
+        got = run_step(compiled, (x,), _loss)
+        assert_bitwise_equal(reference, got)
+        return len(calls_of_double)
+
+    torch._dynamo.reset()
+    torchs = calls(_custom_blocks(True), "aot_eager")
+    torch._dynamo.reset()
+    be = fxckpt.backend(compiler="eager", **({"solver": "per_block"} if where == "per_block" else {}))
+    ours = calls(_custom_blocks(where == "region"), be)
+    assert torchs > 3 and ours == torchs
+    double = [e for e in be.plans[0].entries if "double" in e.op]
+    assert any(e.action == "recomputed" for e in double)
 
 
 def test_must_recompute_on_impossible_value_names_node(tmp_path):

@@ -17,12 +17,17 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import flop_registry
 
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
 from fxckpt import ops as op_kinds
 from fxckpt.passes.rng import rng_state_bytes
 from fxckpt.memory.model import concrete, tensor_bytes, workspace_bytes
+
+
+# The answers of a torch.utils.checkpoint region that run its ops again.
+_RERUN_REGIONS = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,13 @@ class CostModel:
 
 def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
                         static_input_indices: Iterable[int] = (),
-                        cost_model: CostModel = CostModel()) -> Profile:
-    """Read the joint graph; does not modify it."""
+                        cost_model: CostModel = CostModel(),
+                        rerun_custom_ops: bool = False) -> Profile:
+    """Read the joint graph; does not modify it. A custom operator can be
+    recomputed inside a torch.utils.checkpoint region that asks for it (the
+    user asked for it to run again, and torch would run it again), and
+    everywhere with ``rerun_custom_ops`` (solver="per_block", which stands
+    for such a region around each block); elsewhere it is saved."""
     graph = joint.graph
     static = set(static_input_indices)
     backward = tangent_dependent(graph)
@@ -73,7 +83,8 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
         if is_input and node.name.startswith("primals"):
             is_static = primal_index in static or _is_parameter_or_buffer(node)
             primal_index += 1
-        not_recomputable = _not_recomputable(node, inputs, nodes, written_or_mutated, reasons)
+        not_recomputable = _not_recomputable(node, inputs, nodes, written_or_mutated, reasons,
+                                             rerun_custom_ops)
         flops = _flops(node)
         fields = op_fields(node)
         moved = 0 if fields["is_view"] or node.target is operator.getitem \
@@ -149,11 +160,13 @@ def _op_classes(node: fx.Node) -> dict:
 
 
 def _not_recomputable(node: fx.Node, inputs: list[fx.Node], nodes: dict[str, NodeProfile],
-                      mutated, reasons: op_kinds.PerOp) -> str:
+                      mutated, reasons: op_kinds.PerOp, rerun_custom_ops: bool) -> str:
     """Why the node cannot run again in backward ("" if it can); ``inputs``
     its input nodes, ``mutated`` the inputs the step writes, which a
     recompute would read updated; ``reasons``:
-    ops.not_recomputable_reason, read once per op where the op decides it."""
+    ops.not_recomputable_reason, read once per op where the op decides it;
+    ``rerun_custom_ops``: custom operators may run again anywhere, not only
+    in a region asking to recompute them."""
     if node.target is operator.getitem and node.args[0].name in nodes:
         parent = node.args[0]
         if op_kinds.returns_state(parent, node.args[1]) and \
@@ -162,6 +175,9 @@ def _not_recomputable(node: fx.Node, inputs: list[fx.Node], nodes: dict[str, Nod
                     "the already updated one)")
         return nodes[parent.name].not_recomputable
     reason = reasons(node)
+    if reason and op_kinds.is_custom_op(node) and (
+            rerun_custom_ops or node.meta.get("recompute") in _RERUN_REGIONS):
+        reason = op_kinds.not_recomputable_reason(node, rerun_custom=True)
     reads = [i.name for i in inputs
              if i in mutated and not op_kinds.reads_only_for_state(node, i)]
     if not reason and reads:

@@ -288,7 +288,8 @@ class Planner:
         with clock.phase("profile"):
             joint = prepared_joint(joint, self.options.compiler)
             profile = profile_joint_graph(joint, num_fwd_outputs=num_fwd_outputs,
-                                          static_input_indices=static)
+                                          static_input_indices=static,
+                                          rerun_custom_ops=self.options.solver == "per_block")
         with clock.phase("tag"):
             tags = tag_forward_values(joint, profile, policy=self.options.policy)
 
