@@ -6,6 +6,7 @@ one process per model:
     python examples/hf_architectures.py gptj,bloom,gpt_bigcode,stablelm,olmo2,qwen3,starcoder2,gpt_neo,llama_bias,bart eager
     python examples/hf_architectures.py mixtral,qwen2_moe,phi3,cohere,granite,glm eager
     python examples/hf_architectures.py qwen2,falcon,bert inductor
+    python examples/hf_architectures.py qwen2,mixtral,t5 checkpointed
 
 (the names MODELS holds; GPT-Neo, Gemma2, Bloom and T5 with eager
 attention, the others with sdpa; llama_bias: Llama with biases in its
@@ -20,7 +21,10 @@ measured peak of the second step against each byte budget (the promise);
 under compiler="eager" also torch.compile(aot_eager) without fxckpt
 against eager (where that differs, each row is read against it too), and
 with torch.utils.checkpoint around each block, against fxckpt's floor and
-fxckpt's solver="per_block". Sequence length: FXSEQ (default 128).
+fxckpt's solver="per_block". With "checkpointed": every block wrapped in
+torch.utils.checkpoint by the user, fxckpt's default plan (compiler="eager")
+against torch.compile(aot_eager) of the same model: measured peaks and the
+difference. Sequence length: FXSEQ (default 128).
 """
 
 from __future__ import annotations
@@ -250,9 +254,22 @@ def check(name: str, compiler: str) -> None:
     print("\n  ".join(parts), flush=True)
 
 
+def checkpointed(name: str) -> None:
+    """The user's own per-block checkpoint: torch.compile against fxckpt."""
+    make = MODELS[name]
+    ref = run(make, "aot_eager", torch_checkpoint=True)
+    got = run(make, fxckpt.backend(compiler="eager"), torch_checkpoint=True)
+    print(f"{name} checkpointed per block: torch.compile {ref[2]} B, fxckpt {got[2]} B "
+          f"({got[2] / ref[2]:.3f}), difference {difference(ref, got):.1e}", flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     torch.compiler.config.force_disable_caches = True
     names = sys.argv[1] if len(sys.argv) > 1 else "qwen2"
+    mode = sys.argv[2] if len(sys.argv) > 2 else "eager"
     for name in names.split(","):
-        check(name, sys.argv[2] if len(sys.argv) > 2 else "eager")
+        if mode == "checkpointed":
+            checkpointed(name)
+        else:
+            check(name, mode)
