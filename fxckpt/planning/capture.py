@@ -185,13 +185,14 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
     """The compile of a plan whose compiled code meets the byte budget:
     planned at the budget, then lower by what each compiled plan exceeded,
     the last try the memory model's floor plan; failing those, the
-    runtime-optimal plan if its code fits. Otherwise a BudgetError naming
-    the lower compiled peak of the floor's plan and the runtime-optimal
-    plan: planning is deterministic, so asking that budget gets one of them."""
+    runtime-optimal plan if its code fits, then the plan halfway between
+    them (``_middle``). Otherwise a BudgetError naming the lowest compiled
+    peak of those three: planning is deterministic, so asking that budget
+    gets one of them."""
     if planner.lowered_by == _RUNTIME_OPTIMAL:
         return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, None, uuid)
     tried: list[str] = []
-    floor_peak = None
+    floor_peak = floor_model_peak = None
     for attempt in range(_ATTEMPTS):
         if attempt == _ATTEMPTS - 1:
             planner.lowered_by = _TO_FLOOR
@@ -209,17 +210,19 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
         plan = planner.plans[-1]
         planner.retract(mark)
         if planner.lowered_by == _TO_FLOOR:
-            floor_peak = plan.peak_bytes
+            floor_peak, floor_model_peak = plan.peak_bytes, plan.model_peak_bytes
             break
         log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
                  "again %d bytes lower", over, planner.lowered_by + over)
         planner.lowered_by = _TO_FLOOR if plan.fingerprint in tried \
             else planner.lowered_by + over
         tried.append(plan.fingerprint)
-    return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak, uuid)
+    return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak, uuid,
+                                      floor_model_peak)
 
 
-def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak, uuid):
+def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak, uuid,
+                               floor_model_peak=None):
     budget = planner.options.budget.bytes
     planner.without_budget = True
     try:
@@ -236,8 +239,39 @@ def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_pea
             "plans made for the budget did not",)))
         return compiled
     planner.retract(mark)
-    lowest = min(p for p in (floor_peak, optimal.peak_bytes) if p is not None)
+    middle = _middle(gm, example_inputs, planner, mark, uuid, floor_model_peak,
+                     optimal.model_peak_bytes)
+    if middle is not None and middle[1] <= budget:
+        return middle[0]
+    lowest = min(p for p in (floor_peak, optimal.peak_bytes, middle and middle[1])
+                 if p is not None)
     raise _still_over(budget, lowest)
+
+
+def _middle(gm, example_inputs, planner, mark: int, uuid, floor_model_peak, top_model_peak):
+    """(compiled, compiled peak) of the plan halfway between the memory
+    model's floor and the runtime-optimal plan (what budget=0.5 plans), or
+    None; its compile is kept only where it fits the budget. Inductor's
+    code can peak lower there than at the memory model's floor (tiny HF
+    Phi-3: 3,200,264 bytes against the floor plan's 3,419,448), so the
+    floor a BudgetError names is the lowest of the three, and asking for it
+    compiles one of them. Planned as the budget raised to that point (a
+    negative ``lowered_by``, which a later compile of the graph follows)."""
+    budget = planner.options.budget.bytes
+    if floor_model_peak is None or top_model_peak is None:
+        return None
+    target = (floor_model_peak + top_model_peak) // 2
+    if target <= budget:
+        return None     # the attempts at the budget planned there already
+    planner.lowered_by = min(budget - target, _RUNTIME_OPTIMAL - 1)
+    compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
+    if len(planner.plans) == mark:
+        return compiled, budget    # served from torch's caches: it fitted before
+    peak = planner.plans[mark].peak_bytes
+    if over:
+        planner.retract(mark)
+        planner.lowered_by = 0
+    return compiled, peak
 
 
 def _attempt(gm, example_inputs, planner, uuid, mark: int):
@@ -353,8 +387,9 @@ def _still_over(budget: int, lowest: int) -> BudgetError:
     return BudgetError(
         f"no plan fits a budget of {budget} bytes for this graph under Inductor: "
         f"the code Inductor generated peaks over it for the plans made for it, down "
-        f"to the memory model's floor, and for the runtime-optimal plan. The lowest "
-        f"compiled peak of the floor's plan and the runtime-optimal one is {lowest} "
+        f"to the memory model's floor, for the plan halfway from there to the "
+        f"runtime-optimal plan, and for the runtime-optimal plan. The lowest "
+        f"compiled peak of those is {lowest} "
         f"bytes: raise the budget to at least {lowest} bytes, or shrink the batch.",
         floor_bytes=lowest)
 
