@@ -253,17 +253,17 @@ def _middle(gm, example_inputs, planner, mark: int, uuid, floor_model_peak, top_
     model's floor and the runtime-optimal plan (what budget=0.5 plans), or
     None; its compile is kept only where it fits the budget. Inductor's
     code can peak lower there than at the memory model's floor (tiny HF
-    Phi-3: 3,200,264 bytes against the floor plan's 3,419,448), so the
-    floor a BudgetError names is the lowest of the three, and asking for it
-    compiles one of them. Planned as the budget raised to that point (a
-    negative ``lowered_by``, which a later compile of the graph follows)."""
+    GLM, sequence 64: 1,100,552 bytes against the floor plan's 1,230,856),
+    so the floor a BudgetError names is the lowest of the three. Tried
+    whatever the budget (the target does not depend on it), so that asking
+    for that floor compiles this plan again where it was the lowest. Planned
+    as the budget moved to that point (``lowered_by``, negative where the
+    point is above the budget; a later compile of the graph follows it)."""
     budget = planner.options.budget.bytes
     if floor_model_peak is None or top_model_peak is None:
         return None
-    target = (floor_model_peak + top_model_peak) // 2
-    if target <= budget:
-        return None     # the attempts at the budget planned there already
-    planner.lowered_by = min(budget - target, _RUNTIME_OPTIMAL - 1)
+    lowered = budget - (floor_model_peak + top_model_peak) // 2
+    planner.lowered_by = lowered - 1 if lowered == _RUNTIME_OPTIMAL else lowered
     compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
     if len(planner.plans) == mark:
         return compiled, budget    # served from torch's caches: it fitted before
