@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxckpt.memory.cpu_conv import MEASURED_OPS, measured_scratch
 from fxckpt.memory.cuda_scratch import cuda_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
 from fxckpt.passes.dropout import APPLY_DROPOUT_MASK, DROPOUT_MASK
@@ -243,9 +244,11 @@ def workspace_bytes(node: fx.Node) -> int:
 
     Measured on torch 2.13's CPU kernels (fxckpt's memory tests check it):
     CPU dropout draws a float mask before narrowing it to bool, and its
-    backward widens the mask back; oneDNN convolution writes its output
-    through a temporary of the same size, and its backward holds copies of
-    its three tensor operands; batch-norm backward holds one input-sized
+    backward widens the mask back; a convolution's scratch is measured by
+    running it (memory/cpu_conv.py), and where it cannot be, oneDNN's is
+    counted: its forward writes the output through a temporary of the
+    same size, and its backward holds copies of its three tensor operands
+    (channels-last convolutions hold far more); batch-norm backward holds one input-sized
     buffer; addmm copies its bias; dropout's backward also wraps its scale
     as two scalar tensors; an elementwise op given a Python number (``x *
     0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
@@ -277,6 +280,10 @@ def workspace_bytes(node: fx.Node) -> int:
     if device != "cpu":
         return 0
     packet = getattr(target, "overloadpacket", None)
+    if packet in MEASURED_OPS:
+        measured = measured_scratch(target, args, concrete)
+        if measured is not None:
+            return extra + measured
     operand = _WORKSPACE.get(packet, ())
     if packet is _aten.native_dropout_backward:
         # Its scale, wrapped as tensors: a double, then one of the output's dtype.
