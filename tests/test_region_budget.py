@@ -118,7 +118,7 @@ def test_a_budget_that_needs_the_region_at_its_floor():
     model = compiled(budget)
     peaks = [measured_step(model) for _ in range(3)]
     assert peaks[0] > budget            # the first step runs the user's policy
-    assert max(peaks[1:]) <= budget * 1.05
+    assert max(peaks[1:]) <= budget
     region = model.fxckpt_report.regions[0]
     assert region.policy.startswith("its floor") and "over it" in region.why
     assert region.saved_bytes == region.floor_bytes == BATCH * D * 4   # its input only
@@ -145,7 +145,7 @@ def test_the_step_floor_counts_the_region_at_its_floor_and_is_met():
     torch._dynamo.reset()
     model = compiled(floor)
     peaks = [measured_step(model) for _ in range(3)]
-    assert max(peaks[1:]) <= floor * 1.05
+    assert max(peaks[1:]) <= floor
     assert model.fxckpt_report.regions[0].policy.startswith("its floor")
     assert_bitwise_equal(run_step(net(), INPUTS, loss_fn), run_step(model, INPUTS, loss_fn))
 
@@ -220,7 +220,7 @@ def test_a_region_first_in_the_step_is_refused_with_the_step_floor():
     torch._dynamo.reset()
     run = fxckpt.compile(copy.deepcopy(model), compiler="eager", policy=POLICY, budget=floor)
     peaks = [one_step(run) for _ in range(3)]
-    assert max(peaks[1:]) <= floor * 1.05
+    assert max(peaks[1:]) <= floor
 
 
 # --- the arithmetic ------------------------------------------------------------

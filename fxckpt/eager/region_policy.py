@@ -112,13 +112,16 @@ def _storages(output: Any) -> dict[int, int]:
 class RegionBytes:
     """What a region holds for backward over one step, measured: as it ran
     (``held``), at its floor, and the bytes each optional save adds, per
-    call, in forward order; and ``activations``, what autograd saved inside
-    it, which a recomputation in backward re-creates at most."""
+    call, in forward order; ``activations``, what autograd saved inside
+    it, which a recomputation in backward re-creates at most; and
+    ``temporaries``, the most one op's backward adds to those while it runs
+    (the largest of any call)."""
 
     held: int
     floor: int
     optional: tuple[tuple[int, ...], ...]
     activations: int = 0
+    temporaries: int = 0
 
     def at(self, keep: int | None) -> int:
         """Bytes held with the first ``keep`` optional saves followed."""
@@ -148,11 +151,13 @@ class RegionBytes:
     def __add__(self, other: "RegionBytes") -> "RegionBytes":
         return RegionBytes(self.held + other.held, self.floor + other.floor,
                            self.optional + other.optional,
-                           self.activations + other.activations)
+                           self.activations + other.activations,
+                           max(self.temporaries, other.temporaries))
 
 
 def region_bytes(held: Mapping[int, int], decider: RegionDecider, *,
-                 not_held: set[int], activations: int = 0) -> RegionBytes:
+                 not_held: set[int], activations: int = 0,
+                 temporaries: int = 0) -> RegionBytes:
     """One call's ``RegionBytes`` from the storages it held for backward
     (storage -> bytes) and its decider's record. ``not_held``: storages that
     are not the region's to count (its inputs and outputs, parameters).
@@ -168,4 +173,5 @@ def region_bytes(held: Mapping[int, int], decider: RegionDecider, *,
         optional.append(sum(fresh.values()))
     followed = optional if decider.keep is None else optional[:decider.keep]
     total = sum(held.values())
-    return RegionBytes(total, total - sum(followed), (tuple(optional),), activations)
+    return RegionBytes(total, total - sum(followed), (tuple(optional),), activations,
+                       temporaries)

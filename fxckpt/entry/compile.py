@@ -284,7 +284,8 @@ class Fallback:
     def choices(self) -> list[RegionChoice]:
         """Each measured region, its own peak taken as what it holds, plus
         what autograd saved inside it (which its recomputation re-creates at
-        most), plus its parameters' gradients."""
+        most), plus the most one op's backward adds to that while it runs,
+        plus its parameters' gradients."""
         measured = [(r, self.ledger.bytes_of(r.name)) for r in self.regions]
         self._planned = [r for r, m in measured if m is not None]
         choices = []
@@ -292,7 +293,7 @@ class Fallback:
             if m is None:
                 continue
             grads = gradient_bytes(region.parameters())
-            extra = m.activations + grads
+            extra = m.activations + m.temporaries + grads
             choices.append(RegionChoice(self.ledger.position_of(region.name), grads,
                                         (m.policy + extra, m.policy), (m.floor + extra, m.floor),
                                         at_floor=region.choice.keep == 0))
