@@ -79,6 +79,60 @@ def test_fallback_outputs_and_convolution_scratch_are_counted():
     assert step_peak(_FORWARD, code).peak_bytes == 384 + 16 * 8 * 4 + 128
 
 
+_CONV_FORWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, primals_2 = args
+        args.clear()
+        assert_size_stride(primals_1, (2, 16, 8, 8), (1024, 1, 128, 16), 'input')
+        assert_size_stride(primals_2, (16, 1, 7, 7), (49, 49, 7, 1), 'input')
+        buf0 = extern_kernels.convolution(primals_1, primals_2, None, stride=(1, 1), padding=(3, 3), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=16)
+        assert_size_stride(buf0, (2, 16, 8, 8), (1024, 1, 128, 16), 'torch.ops.aten.convolution.default')
+        return (buf0, primals_1, primals_2, )
+"""
+
+_DEPTHWISE_BACKWARD = """
+class Runner:
+    def call(self, args):
+        primals_1, primals_2, tangents_1 = args
+        args.clear()
+        assert_size_stride(primals_1, (2, 16, 8, 8), (1024, 1, 128, 16), 'input')
+        assert_size_stride(primals_2, (16, 1, 7, 7), (49, 49, 7, 1), 'input')
+        assert_size_stride(tangents_1, (2, 16, 8, 8), (1024, 1, 128, 16), 'input')
+        buf0 = empty_strided_cpu((2, 16, 8, 8), (1024, 1, 128, 16), torch.float32)
+        kernel(tangents_1, buf0)
+        buf1 = torch.ops.aten.convolution_backward.default(reinterpret_tensor(buf0, (2, 16, 8, 8), (1024, 1, 128, 16), 0), primals_1, primals_2, [16], (1, 1), (3, 3), (1, 1), False, (0, 0), 16, [True, True, False])
+        del buf0
+        buf2 = buf1[0]
+        assert_size_stride(buf2, (2, 16, 8, 8), (1024, 1, 128, 16), 'torch.ops.aten.convolution_backward.default')
+        buf3 = buf1[1]
+        assert_size_stride(buf3, (16, 1, 7, 7), (49, 49, 7, 1), 'torch.ops.aten.convolution_backward.default')
+        del buf1
+        return (buf2, buf3, )
+"""
+
+
+def test_a_cpu_convolutions_scratch_is_measured_at_the_calls_layouts():
+    """A channels-last depthwise 7x7 convolution's backward holds 806,016
+    bytes inside its call (2 x 16 x 8 x 8, one thread: tests/test_cpu_conv.py),
+    read at the sizes and strides the wrapper code states; the rule it
+    replaces counted copies of its operands (19,520 bytes)."""
+    import torch
+    from fxckpt.memory.cpu_conv import call_scratch
+    torch.set_num_threads(1)
+    peak = step_peak(_CONV_FORWARD, _DEPTHWISE_BACKWARD)
+    cl = ("tensor", (2, 16, 8, 8), (1024, 1, 128, 16), "float32")
+    scratch = call_scratch("convolution_backward", (
+        cl, cl, ("tensor", (16, 1, 7, 7), (49, 49, 7, 1), "float32"), ("list", (16,)),
+        ("list", (1, 1)), ("list", (3, 3)), ("list", (1, 1)), ("const", False),
+        ("list", (0, 0)), ("const", 16), ("list", (True, True, False))))
+    assert scratch > 40 * 8192
+    # Held from the forward: its output (8,192 B; the inputs were there
+    # before); the tangent arrives (8,192), the kernel's buffer (8,192), then
+    # the call: its two outputs (8,192 + 3,136) and its scratch.
+    assert peak.peak_bytes == 3 * 8192 + 8192 + 3136 + scratch
+
+
 _CUDA_FORWARD = _FORWARD.replace("empty_strided_cpu", "empty_strided_cuda")
 _CUDA_ATTENTION_BACKWARD = """
 class Runner:

@@ -40,11 +40,13 @@ budget naming the lowest compiled peak it saw.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
 import torch
 
+from fxckpt.memory.cpu_conv import call_scratch
 from fxckpt.memory.model import CUDA_BLOCK_BYTES, device_type, tensor_bytes, workspace_bytes
 
 _ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
@@ -100,6 +102,8 @@ def step_peak(forward_code: str, backward_code: str | None,
             saved = returned[len(returned) - saved_count:] if saved_count else []
             old = walk.names
             walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
+            # The backward's names are its own (its input asserts state them).
+            walk.layouts = {}
             # Tangents are made by autograd for the backward, sized by the
             # wrapper's input asserts (as float32: a loss's gradient), and
             # held by autograd until the backward returns, whatever it deletes.
@@ -175,7 +179,10 @@ class _Walk:
         self.pending: dict[str, _Output] = {}   # fallback outputs not yet sized
         self.calls: dict[str, _Call] = {}       # by the name of a call's results
         self.outputs: dict[str, tuple[tuple[int, int], ...]] = {}
-        self.scratch_of: dict[str, str] = {}   # fallback call -> op, where it has scratch
+        self.scratch_of: dict[str, int] = {}   # a CPU convolution's output -> its scratch
+        # name -> (sizes, strides, dtype or None) where the code states them
+        # (allocations, asserts): what a CPU convolution's scratch is measured at.
+        self.layouts: dict[str, tuple] = {}
         self.cpu = True
         self.kernel_scratch: dict[str, int] = {}
 
@@ -233,7 +240,11 @@ class _Walk:
             raise _Unreadable(statement)
         if match := _ALLOC.match(statement):
             self.allocate(match[1], _nbytes(match[2], match[3], match[4]))
+            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]), match[4])
         elif match := _REUSE.match(statement):
+            # A buffer reused under a new name: its layout is the next
+            # statement's to say.
+            self.layouts.pop(match[1], None)
             storage = self.names.pop(match[3], None)
             if storage is not None:
                 self.names[match[1]] = storage
@@ -248,7 +259,7 @@ class _Walk:
             call = self.calls[match[1]] = _Call(match[1], self.level, outputs)
             # Its size comes in the assert after it.
             self.expect(match[1], call, outputs[0][0] if len(outputs) == 1 else None)
-            _scratch(self, match[1], op, match.group(3, 4, 5))
+            _scratch(self, match[1], op, match.group(3, 4, 5), statement)
         elif (match := _ITEM.match(statement)) and match[2] in self.pending:
             # One output of a multi-output fallback.
             call = self.pending[match[2]].call
@@ -258,7 +269,12 @@ class _Walk:
                 itemsize = call.outputs[index[0]][0]
                 call.taken.add(index[0])
             self.expect(match[1], call, itemsize)
+        elif (match := _ASSERT.match(statement)) and match[1] not in self.pending:
+            known = self.layouts.get(match[1])
+            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]),
+                                      known[2] if known else None)
         elif (match := _ASSERT.match(statement)) and match[1] in self.pending:
+            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]), None)
             output = self.pending[match[1]]
             self.allocate(match[1], _nbytes(match[2], match[3], "float32", output.itemsize))
             for name in output.names:
@@ -269,11 +285,16 @@ class _Walk:
                 return
             call.placed += self.sizes[self.names[match[1]]]
             self.peak = max(self.peak, call.held + call.placed)
-            if self.scratch_of.pop(call.name, None) == "convolution":
-                # CPU convolution writes its output through a temporary of
-                # its size (memory.workspace_bytes).
-                self.peak = max(self.peak, self.level + self.sizes[self.names[match[1]]])
+            scratch = self.scratch_of.pop(call.name, None)
+            if scratch is not None:
+                # A CPU convolution's scratch, held while its output is made
+                # (_scratch; -1: the rule's temporary of the output's size).
+                if scratch < 0:
+                    scratch = self.sizes[self.names[match[1]]]
+                self.peak = max(self.peak, self.level + scratch)
         elif match := _ALIAS.match(statement):
+            if match[2] in self.layouts and "reinterpret_tensor" not in statement:
+                self.layouts[match[1]] = self.layouts[match[2]]
             if match[2] in self.names:
                 self.names[match[1]] = self.names[match[2]]
             elif match[2] in self.pending:
@@ -292,20 +313,141 @@ class _Walk:
         self.pending[name] = _Output(call, itemsize, {name})
 
 
-def _scratch(walk: _Walk, output: str, op: str, operands) -> None:
+def _scratch(walk: _Walk, output: str, op: str, operands, statement: str) -> None:
     """Scratch memory of a fallback kernel while it runs, as
-    memory.workspace_bytes counts it: convolution's output-sized temporary
-    (known at its size assert), convolution backward's copies of its three
-    operands; on CUDA, what ``kernel_scratch`` gives the op (outputs and
-    scratch together) on top of what is live when it is called."""
+    memory.workspace_bytes counts it: a CPU convolution's measured by
+    running it at the sizes, strides and arguments of the call
+    (memory/cpu_conv.py; where the call cannot be read, the rule: the
+    forward's output-sized temporary, known at its size assert, and the
+    backward's copies of its three operands); on CUDA, what
+    ``kernel_scratch`` gives the op (outputs and scratch together) on top
+    of what is live when it is called."""
     if not walk.cpu:
         walk.peak = max(walk.peak, walk.level + walk.kernel_scratch.get(op, 0))
         return
+    if op not in ("convolution", "convolution_backward"):
+        return
+    parts = _conv_parts(walk, op, statement)
+    scratch = None if parts is None else call_scratch(op, parts)
     if op == "convolution":
-        walk.scratch_of[output] = op
-    elif op == "convolution_backward":
+        walk.scratch_of[output] = -1 if scratch is None else scratch
+        return
+    if scratch is None:
         held = sum(walk.sizes.get(walk.names.get(name), 0) for name in operands if name)
         walk.peak = max(walk.peak, walk.level + held)
+        return
+    # Its outputs, as big as the input, the weight and the bias (those
+    # asked for), are made while it holds its scratch.
+    mask = parts[10][1] if len(parts) > 10 and parts[10][0] == "list" else (True,) * 3
+    grad_input, weight = parts[1], parts[2]
+    made = mask[0] * _part_bytes(grad_input) + mask[1] * _part_bytes(weight) \
+        + mask[2] * weight[1][0] * _ITEMSIZE.get(weight[3], 4)
+    walk.peak = max(walk.peak, walk.level + made + scratch)
+
+
+# The arguments of aten.convolution after its three tensors, by name
+# (extern_kernels.convolution passes them as keywords).
+_CONV_KEYWORDS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+_ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+_DTYPES = {4: "float32", 8: "float64", 2: "bfloat16"}
+
+
+def _conv_parts(walk: _Walk, op: str, statement: str) -> tuple | None:
+    """A CPU convolution call's arguments as memory/cpu_conv.call_scratch
+    takes them; None where they cannot all be read."""
+    start = statement.find("(", statement.find(op + "(") if op + "(" in statement
+                           else statement.find(op + ".default("))
+    inner = _inside(statement, start)
+    if inner is None:
+        return None
+    args, keywords = [], {}
+    for item in _top_level(inner):
+        name, eq, value = item.partition("=")
+        if eq and name.strip().isidentifier() and not value.startswith("="):
+            keywords[name.strip()] = value.strip()
+        else:
+            args.append(item.strip())
+    args += [keywords[k] for k in _CONV_KEYWORDS if k in keywords]
+    default = _DTYPES.get((walk.outputs.get(op) or ((4, 0),))[0][0], "float32")
+    parts = []
+    for k, arg in enumerate(args):
+        part = _part(walk, arg, default) if k < 3 else _literal(arg)
+        if part is None:
+            return None
+        parts.append(part)
+    return tuple(parts)
+
+
+def _part(walk: _Walk, arg: str, dtype: str) -> tuple | None:
+    """A tensor argument: ("tensor", sizes, strides, dtype), or ("const",
+    None) for None."""
+    if arg == "None":
+        return ("const", None)
+    if arg.startswith("reinterpret_tensor("):
+        inner = _top_level(_inside(arg, arg.index("(")) or "")
+        if len(inner) < 3:
+            return None
+        known = walk.layouts.get(inner[0].strip())
+        sizes, strides = _literal(inner[1]), _literal(inner[2])
+        if sizes is None or strides is None:
+            return None
+        return ("tensor", tuple(sizes[1]), tuple(strides[1]),
+                (known[2] if known and known[2] else dtype))
+    known = walk.layouts.get(arg)
+    if known is None or known[0] is None or known[1] is None:
+        return None
+    return ("tensor", known[0], known[1], known[2] or dtype)
+
+
+def _literal(text: str) -> tuple | None:
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(value))
+    if value is None or isinstance(value, (bool, int, float)):
+        return ("const", value)
+    return None
+
+
+def _part_bytes(part: tuple) -> int:
+    sizes, strides = part[1], part[2]
+    if any(s == 0 for s in sizes):
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * _ITEMSIZE.get(part[3], 4)
+
+
+def _inside(text: str, start: int) -> str | None:
+    """What the bracket at ``start`` encloses (None where it is not closed)."""
+    depth = 0
+    for k in range(start, len(text)):
+        depth += (text[k] in "([") - (text[k] in ")]")
+        if depth == 0:
+            return text[start + 1:k]
+    return None
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at its commas outside brackets."""
+    items, depth, item = [], 0, ""
+    for char in text:
+        if char == "," and depth == 0:
+            items.append(item)
+            item = ""
+            continue
+        depth += (char in "([") - (char in ")]")
+        item += char
+    if item.strip():
+        items.append(item)
+    return items
+
+
+def _ints(text: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        return None
 
 
 def _returned_names(statement: str) -> list[str]:

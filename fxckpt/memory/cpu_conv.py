@@ -58,6 +58,15 @@ def measured_scratch(target, args, concrete) -> int | None:
     return None if key is None else _measured(key)
 
 
+def call_scratch(op: str, parts: tuple) -> int | None:
+    """The same for a call read elsewhere (Inductor's wrapper code:
+    inductor/compiled_peak.py): ``op`` is "convolution" or
+    "convolution_backward", ``parts`` its arguments in order, each
+    ("tensor", sizes, strides, dtype name), ("list", values) or ("const",
+    value)."""
+    return _measured((op, "default", tuple(parts), torch.get_num_threads()))
+
+
 def _key(target, args, concrete) -> tuple | None:
     """What the scratch depends on, as plain data (the helper process reads
     it as JSON): (op, overload, operands, thread count)."""
@@ -89,13 +98,18 @@ def _key(target, args, concrete) -> tuple | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _measured(key: tuple) -> int:
+def _measured(key: tuple) -> int | None:
+    """None where the call fails (arguments read wrongly from generated
+    code): the caller's rule applies."""
     if torch._C._autograd._profiler_enabled():
         return _helper().ask(key)
     # Planning runs under the compiler's fake and tracing modes: the
     # measurement runs on real tensors, outside them.
     with _disable_current_modes():
-        return _run(key)
+        try:
+            return _run(key)
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            return None
 
 
 def _run(key) -> int:
@@ -156,7 +170,7 @@ class _Helper:
             stdout=subprocess.PIPE, text=True, bufsize=1)
         atexit.register(self.close)
 
-    def ask(self, key: tuple) -> int:
+    def ask(self, key: tuple) -> int | None:
         self.process.stdin.write(json.dumps(key) + "\n")
         while True:
             line = self.process.stdout.readline()
@@ -164,7 +178,8 @@ class _Helper:
                 raise RuntimeError("fxckpt: the process measuring CPU convolutions' "
                                    "scratch memory ended; its error is above")
             if line.startswith(_ANSWER):
-                return int(line[len(_ANSWER):])
+                answer = int(line[len(_ANSWER):])
+                return None if answer < 0 else answer
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -187,4 +202,8 @@ def serve() -> None:
         packet, overload, parts, threads = json.loads(line)
         torch.set_num_threads(threads)
         key = (packet, overload, tuple(tuple(p) for p in parts), threads)
-        print(f"{_ANSWER}{_run(key)}", flush=True)
+        try:
+            answer = _run(key)
+        except (RuntimeError, TypeError, ValueError, IndexError):
+            answer = -1
+        print(f"{_ANSWER}{answer}", flush=True)
