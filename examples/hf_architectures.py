@@ -7,6 +7,8 @@ one process per model:
     python examples/hf_architectures.py mixtral,qwen2_moe,phi3,cohere,granite,glm eager
     python examples/hf_architectures.py qwen2,falcon,bert inductor
     python examples/hf_architectures.py qwen2,mixtral,t5 checkpointed
+    python examples/hf_architectures.py vit,swin,convnext,whisper,deberta_v2,modernbert,gemma3,qwen3_moe,deepseek_v3,gpt_oss,olmoe,clip,mamba eager
+    python examples/hf_architectures.py wav2vec2 fallback
 
 (the names MODELS holds; GPT-Neo, Gemma2, Bloom and T5 with eager
 attention, the others with sdpa; llama_bias: Llama with biases in its
@@ -24,7 +26,10 @@ with torch.utils.checkpoint around each block, against fxckpt's floor and
 fxckpt's solver="per_block". With "checkpointed": every block wrapped in
 torch.utils.checkpoint by the user, fxckpt's default plan (compiler="eager")
 against torch.compile(aot_eager) of the same model: measured peaks and the
-difference. Sequence length: FXSEQ (default 128).
+difference. With "fallback": fxckpt.compile (the parts where Dynamo breaks
+the graph run eagerly under fxckpt.checkpoint), the step floor BudgetError
+names at a one-byte budget, asked for, measured on the third step.
+Sequence length: FXSEQ (default 128).
 """
 
 from __future__ import annotations
@@ -65,6 +70,43 @@ def _causal(config, model_class, attn="sdpa", loss_type="ForCausalLM", **kw):
         ids = torch.randint(0, V, (2, SEQ))
         return HFWrap(model).train(), (ids, ids.clone()), lambda out: out.loss
     return make
+
+
+class KeywordWrap(nn.Module):
+    """A model whose inputs are not (input_ids, labels): the inputs by name."""
+
+    def __init__(self, model, names, extra=None):
+        super().__init__()
+        self.model, self.names, self.extra = model, names, dict(extra or {})
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.names, inputs)), **self.extra)
+
+
+def _other(config, model_class, inputs, names, attn="sdpa", extra=None, loss_type=None, **kw):
+    """A model of another family: ``inputs()`` makes its inputs, ``names``
+    names them; eager attention where the model has no sdpa."""
+    def make():
+        import transformers as T
+        torch.manual_seed(0)
+        cls = getattr(T, model_class)
+        try:
+            model = cls._from_config(getattr(T, config)(**kw), attn_implementation=attn)
+        except ValueError:
+            model = cls._from_config(getattr(T, config)(**kw), attn_implementation="eager")
+        if loss_type:
+            model.loss_type = loss_type
+        return KeywordWrap(model, names, extra).train(), inputs(), lambda out: out.loss
+    return make
+
+
+def _ids():
+    ids = torch.randint(0, V, (2, SEQ))
+    return ids, ids.clone()
+
+
+def _images():
+    return torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
 
 
 def blocks_of(model):
@@ -177,6 +219,90 @@ MODELS = {
     "t5": _causal("T5Config", "T5ForConditionalGeneration", attn="eager", loss_type=None,
                   d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
                   dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, **COMMON),
+    # Other families (stop 54): vision, speech, encoders with other
+    # attentions, newer decoders and MoEs, a state-space model.
+    "vit": _other("ViTConfig", "ViTForImageClassification", _images, ("pixel_values", "labels"),
+                  hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128, image_size=32, patch_size=4, hidden_dropout_prob=0.1,
+                  attention_probs_dropout_prob=0.1, num_labels=10),
+    "swin": _other("SwinConfig", "SwinForImageClassification", _images, ("pixel_values", "labels"),
+                   image_size=32, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
+                   window_size=4, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                   drop_path_rate=0.1, num_labels=10),
+    "convnext": _other("ConvNextConfig", "ConvNextForImageClassification", _images,
+                       ("pixel_values", "labels"), hidden_sizes=[16, 32], depths=[2, 2],
+                       num_stages=2, image_size=32, drop_path_rate=0.1, num_labels=10),
+    "whisper": _other("WhisperConfig", "WhisperForConditionalGeneration",
+                      lambda: (torch.randn(2, 16, 128), torch.randint(2, V, (2, 32))),
+                      ("input_features", "labels"), vocab_size=V, num_mel_bins=16,
+                      encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                      decoder_attention_heads=4, d_model=64, encoder_ffn_dim=128,
+                      decoder_ffn_dim=128, max_source_positions=64, max_target_positions=64,
+                      dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, pad_token_id=0,
+                      bos_token_id=1, eos_token_id=1, decoder_start_token_id=1, use_cache=False),
+    "deberta_v2": _other("DebertaV2Config", "DebertaV2ForMaskedLM", _ids, ("input_ids", "labels"),
+                         vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=128, max_position_embeddings=SEQ,
+                         relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32,
+                         max_relative_positions=64, hidden_dropout_prob=0.1,
+                         attention_probs_dropout_prob=0.1),
+    "modernbert": _other("ModernBertConfig", "ModernBertForMaskedLM", _ids, ("input_ids", "labels"),
+                         vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=SEQ,
+                         global_attn_every_n_layers=2, local_attention=32, attention_dropout=0.1,
+                         mlp_dropout=0.1, embedding_dropout=0.1, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, cls_token_id=1, sep_token_id=2),
+    "gemma3": _other("Gemma3TextConfig", "Gemma3ForCausalLM", _ids, ("input_ids", "labels"),
+                     loss_type="ForCausalLM", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, sliding_window=32, max_position_embeddings=SEQ,
+                     attention_dropout=0.1, query_pre_attn_scalar=16, **COMMON),
+    "qwen3_moe": _other("Qwen3MoeConfig", "Qwen3MoeForCausalLM", _ids, ("input_ids", "labels"),
+                        loss_type="ForCausalLM", hidden_size=64, intermediate_size=128,
+                        moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                        attention_dropout=0.1, **COMMON),
+    "deepseek_v3": _other("DeepseekV3Config", "DeepseekV3ForCausalLM", _ids, ("input_ids", "labels"),
+                          loss_type="ForCausalLM", hidden_size=64, intermediate_size=128,
+                          moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                          n_group=1, topk_group=1, first_k_dense_replace=1, n_shared_experts=1,
+                          kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                          qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=SEQ,
+                          attention_dropout=0.1, **COMMON),
+    "gpt_oss": _other("GptOssConfig", "GptOssForCausalLM", _ids, ("input_ids", "labels"),
+                      attn="eager", loss_type="ForCausalLM", hidden_size=64, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=32,
+                      max_position_embeddings=SEQ, attention_dropout=0.1, **COMMON),
+    "olmoe": _other("OlmoeConfig", "OlmoeForCausalLM", _ids, ("input_ids", "labels"),
+                    loss_type="ForCausalLM", hidden_size=64, intermediate_size=64,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    num_experts=4, num_experts_per_tok=2, max_position_embeddings=SEQ,
+                    attention_dropout=0.1, **COMMON),
+    "clip": _other("CLIPConfig", "CLIPModel",
+                   lambda: (torch.randint(0, V, (2, 16)), torch.randn(2, 3, 32, 32)),
+                   ("input_ids", "pixel_values"), extra={"return_loss": True},
+                   text_config=dict(vocab_size=V, hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    max_position_embeddings=16, attention_dropout=0.1),
+                   vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, image_size=32, patch_size=4,
+                                      attention_dropout=0.1),
+                   projection_dim=32),
+    "mamba": _other("MambaConfig", "MambaForCausalLM", _ids, ("input_ids", "labels"),
+                    attn="eager", hidden_size=32, state_size=4, num_hidden_layers=2, expand=2,
+                    conv_kernel=4, **COMMON),
+    # Its whole forward breaks into graphs and eager code (a data-dependent
+    # layer-drop branch): see fallback below.
+    "wav2vec2": _other("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification",
+                       lambda: (torch.randn(2, 4000), torch.randint(0, 4, (2,))),
+                       ("input_values", "labels"), conv_dim=(16, 16), conv_stride=(5, 2),
+                       conv_kernel=(10, 3), hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=128, num_labels=4,
+                       hidden_dropout=0.1, attention_dropout=0.1, feat_proj_dropout=0.1,
+                       num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                       mask_time_prob=0.0),
 }
 
 
@@ -272,6 +398,37 @@ def checkpointed(name: str) -> None:
           f"({got[2] / ref[2]:.3f}), difference {difference(ref, got):.1e}", flush=True)
 
 
+def fallback(name: str) -> None:
+    """fxckpt.compile's step floor, asked for: measured against it."""
+    make = MODELS[name]
+
+    def steps(budget):
+        torch._dynamo.reset()
+        model, inputs, loss_fn = make()
+        compiled = fxckpt.compile(model, compiler="eager", budget=budget)
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            loss_fn(compiled(*inputs)).backward()
+
+        step()
+        step()
+        return measure_peak_bytes(step), compiled
+
+    try:
+        steps(1)
+        print(f"{name} fallback: a budget of one byte was met", flush=True)
+        return
+    except fxckpt.BudgetError as error:
+        floor = error.floor_bytes
+    peak, compiled = steps(floor)
+    report = compiled.fxckpt_report
+    print(f"{name} fallback: {len(report.regions)} region(s); step floor named {floor} B, "
+          f"measured {peak} B ({peak / floor:.3f}"
+          f"{'' if peak <= floor else ' OVER'})", flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     torch.compiler.config.force_disable_caches = True
@@ -280,5 +437,7 @@ if __name__ == "__main__":
     for name in names.split(","):
         if mode == "checkpointed":
             checkpointed(name)
+        elif mode == "fallback":
+            fallback(name)
         else:
             check(name, mode)

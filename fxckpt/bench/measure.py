@@ -90,10 +90,23 @@ def cpu_memory_deltas(step_fn: StepFn) -> list[int]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step_fn()
-    events = _allocation_events(
-        prof.profiler.kineto_results.experimental_event_tree())
+    return block_deltas(prof.profiler.kineto_results.experimental_event_tree())
+
+
+def block_deltas(roots) -> list[int]:
+    """From a profile's event tree (``kineto_results.experimental_event_tree()``),
+    in the order they happened, the sizes of the CPU blocks allocated
+    (positive) and of those freed again (negative); frees of blocks
+    allocated before the profile are left out."""
+    allocation = torch._C._profiler._EventType.Allocation
+    events, stack = [], list(roots)
+    while stack:
+        event = stack.pop()
+        if event.tag == allocation:
+            events.append(event)
+        stack.extend(event.children)
     events.sort(key=lambda event: event.start_time_ns)  # stable for ties
-    alive: dict[int, int] = {}  # address -> size, of blocks the step allocated
+    alive: dict[int, int] = {}  # address -> size, of blocks allocated meanwhile
     deltas = []
     for event in events:
         block = event.extra_fields
@@ -105,17 +118,6 @@ def cpu_memory_deltas(step_fn: StepFn) -> list[int]:
         elif block.ptr in alive:
             deltas.append(-alive.pop(block.ptr))
     return deltas
-
-
-def _allocation_events(roots: list) -> list:
-    allocation = torch._C._profiler._EventType.Allocation
-    found, stack = [], list(roots)
-    while stack:
-        event = stack.pop()
-        if event.tag == allocation:
-            found.append(event)
-        stack.extend(event.children)
-    return found
 
 
 # --- saved activations -------------------------------------------------------

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import json
 import subprocess
 import sys
@@ -44,6 +45,8 @@ import sys
 import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
+
+from fxckpt.bench.measure import block_deltas
 
 _aten = torch.ops.aten
 MEASURED_OPS = frozenset({_aten.convolution, _aten.convolution_backward})
@@ -129,35 +132,9 @@ def _run(key) -> int:
         target(*args)           # the first call may set up a kernel's caches
         with torch.autograd.profiler.profile(profile_memory=True, use_kineto=False) as profile:
             out = target(*args)
-    held, peak = _held_and_peak(profile.kineto_results.experimental_event_tree())
+    deltas = block_deltas(profile.kineto_results.experimental_event_tree())
     del out
-    return max(peak - held, 0)
-
-
-def _held_and_peak(roots) -> tuple[int, int]:
-    """(bytes the call still held at its end, the most it held), over the
-    blocks it allocated."""
-    allocation = torch._C._profiler._EventType.Allocation
-    events, stack = [], list(roots)
-    while stack:
-        event = stack.pop()
-        if event.tag == allocation:
-            events.append(event)
-        stack.extend(event.children)
-    events.sort(key=lambda event: event.start_time_ns)
-    alive: dict[int, int] = {}
-    level = peak = 0
-    for event in events:
-        block = event.extra_fields
-        if block.device.type != "cpu":
-            continue
-        if block.alloc_size > 0:
-            alive[block.ptr] = block.alloc_size
-            level += block.alloc_size
-        elif block.ptr in alive:
-            level -= alive.pop(block.ptr)
-        peak = max(peak, level)
-    return level, peak
+    return max(max(itertools.accumulate(deltas), default=0) - sum(deltas), 0)
 
 
 class _Helper:
