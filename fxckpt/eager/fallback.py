@@ -432,23 +432,25 @@ class _HeldBytes(TorchDispatchMode):
         outputs and its largest floating-point input (parameters and
         buffers aside: their gradients are counted apart), each storage
         once."""
-        def floating(tree) -> dict[int, int]:
-            found = {}
-            for tensor in tree_leaves(tree):
-                if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
-                        or tensor.layout != torch.strided:
-                    continue
-                try:
-                    key, nbytes = storage_key(tensor), tensor.untyped_storage().nbytes()
-                except (RuntimeError, NotImplementedError):  # a wrapper subclass
-                    continue
-                if key is not None and key not in self.excluded:
-                    found[key] = nbytes
-            return found
-
-        made, read = floating(out), floating((args, kwargs))
+        made, read = self._floating(out), self._floating((args, kwargs))
         largest = max((n for key, n in read.items() if key not in made), default=0)
         self.temporaries = max(self.temporaries, sum(made.values()) + largest)
+
+    def _floating(self, tree) -> dict[int, int]:
+        """Storage -> bytes of the floating-point tensors in ``tree``, not
+        parameters or buffers."""
+        found = {}
+        for tensor in tree_leaves(tree):
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
+                    or tensor.layout != torch.strided:
+                continue
+            try:
+                key, nbytes = storage_key(tensor), tensor.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # a wrapper subclass
+                continue
+            if key is not None and key not in self.excluded:
+                found[key] = nbytes
+        return found
 
     def temporary_bytes(self) -> int:
         """The most one op's backward adds to what the region saved while it

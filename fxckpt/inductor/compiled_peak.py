@@ -269,12 +269,13 @@ class _Walk:
                 itemsize = call.outputs[index[0]][0]
                 call.taken.add(index[0])
             self.expect(match[1], call, itemsize)
-        elif (match := _ASSERT.match(statement)) and match[1] not in self.pending:
+        elif match := _ASSERT.match(statement):
             known = self.layouts.get(match[1])
             self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]),
-                                      known[2] if known else None)
-        elif (match := _ASSERT.match(statement)) and match[1] in self.pending:
-            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]), None)
+                                      known[2] if known and match[1] not in self.pending
+                                      else None)
+            if match[1] not in self.pending:
+                return
             output = self.pending[match[1]]
             self.allocate(match[1], _nbytes(match[2], match[3], "float32", output.itemsize))
             for name in output.names:
@@ -341,23 +342,20 @@ def _scratch(walk: _Walk, output: str, op: str, operands, statement: str) -> Non
     mask = parts[10][1] if len(parts) > 10 and parts[10][0] == "list" else (True,) * 3
     grad_input, weight = parts[1], parts[2]
     made = mask[0] * _part_bytes(grad_input) + mask[1] * _part_bytes(weight) \
-        + mask[2] * weight[1][0] * _ITEMSIZE.get(weight[3], 4)
+        + mask[2] * weight[1][0] * getattr(torch, weight[3]).itemsize
     walk.peak = max(walk.peak, walk.level + made + scratch)
 
 
 # The arguments of aten.convolution after its three tensors, by name
 # (extern_kernels.convolution passes them as keywords).
 _CONV_KEYWORDS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
-_ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 _DTYPES = {4: "float32", 8: "float64", 2: "bfloat16"}
 
 
 def _conv_parts(walk: _Walk, op: str, statement: str) -> tuple | None:
     """A CPU convolution call's arguments as memory/cpu_conv.call_scratch
     takes them; None where they cannot all be read."""
-    start = statement.find("(", statement.find(op + "(") if op + "(" in statement
-                           else statement.find(op + ".default("))
-    inner = _inside(statement, start)
+    inner = _inside(statement, statement.find("(", statement.index(op)))
     if inner is None:
         return None
     args, keywords = [], {}
@@ -412,10 +410,7 @@ def _literal(text: str) -> tuple | None:
 
 
 def _part_bytes(part: tuple) -> int:
-    sizes, strides = part[1], part[2]
-    if any(s == 0 for s in sizes):
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * _ITEMSIZE.get(part[3], 4)
+    return _span_bytes(part[1], part[2], getattr(torch, part[3]).itemsize)
 
 
 def _inside(text: str, start: int) -> str | None:
@@ -453,28 +448,25 @@ def _ints(text: str) -> tuple[int, ...] | None:
 def _returned_names(statement: str) -> list[str]:
     inner = statement[len("return "):].strip()
     inner = inner[1:-1] if inner.startswith("(") else inner
-    names, depth, item = [], 0, ""
-    for char in inner + ",":
-        if char == "," and depth == 0:
-            match = re.match(r"\s*(?:reinterpret_tensor\()?(\w+)", item)
-            if item.strip():
-                names.append(match[1] if match else "")
-            item = ""
-            continue
-        depth += (char in "([") - (char in ")]")
-        item += char
+    names = []
+    for item in _top_level(inner):
+        match = re.match(r"\s*(?:reinterpret_tensor\()?(\w+)", item)
+        if item.strip():
+            names.append(match[1] if match else "")
     return names
 
 
 def _nbytes(size: str, stride: str, dtype: str, itemsize: int | None = None) -> int:
-    try:
-        sizes = [int(s) for s in size.split(",") if s.strip()]
-        strides = [int(s) for s in stride.split(",") if s.strip()]
-    except ValueError:
-        raise _Unreadable(f"symbolic size {size}") from None
+    sizes, strides = _ints(size), _ints(stride)
+    if sizes is None or strides is None:
+        raise _Unreadable(f"symbolic size {size}")
+    return _span_bytes(sizes, strides, itemsize or getattr(torch, dtype).itemsize)
+
+
+def _span_bytes(sizes, strides, itemsize: int) -> int:
+    """Bytes a tensor of these sizes and strides spans."""
     if any(s == 0 for s in sizes):
         return 0
-    itemsize = itemsize or getattr(torch, dtype).itemsize
     return (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * itemsize
 
 

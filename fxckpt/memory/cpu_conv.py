@@ -27,8 +27,8 @@ kept for the process (``_measured``).
 A second profiler cannot start while one runs (a user profiling the step
 that compiles), and one started on another thread breaks the first's
 record. Then the convolutions are measured in a helper process
-(``serve``, started once, on the first such
-convolution, and ended with this process), at the same thread count.
+(``serve``, started once, on the first such convolution, and ended with
+this process), at the same thread count.
 Where a size has no value, nothing is measured and the caller's rule
 applies.
 """

@@ -248,8 +248,8 @@ def workspace_bytes(node: fx.Node) -> int:
     running it (memory/cpu_conv.py), and where it cannot be, oneDNN's is
     counted: its forward writes the output through a temporary of the
     same size, and its backward holds copies of its three tensor operands
-    (channels-last convolutions hold far more); batch-norm backward holds one input-sized
-    buffer; addmm copies its bias; dropout's backward also wraps its scale
+    (channels-last convolutions hold far more); batch-norm backward holds
+    one input-sized buffer; addmm copies its bias; dropout's backward also wraps its scale
     as two scalar tensors; an elementwise op given a Python number (``x *
     0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
     tensor operand of another dtype, to the dtype it computes in. CUDA
