@@ -1,6 +1,8 @@
-"""The first step's measured peak on a CUDA device against a byte budget
+"""A step's measured peak on a CUDA device against a byte budget
 (fxckpt/budget/measured.py), with the allocator's counters stood in for on
-the CPU."""
+the CPU: a step read over its budget is re-planned with what the memory
+model missed kept aside, or refused with BudgetError naming the smallest
+budget that fits with it -- and that budget, asked for, fits."""
 
 from __future__ import annotations
 
@@ -38,83 +40,176 @@ def test_the_peak_is_read_only_when_the_step_moved_it():
     assert watch.peak() == 6_500
 
 
-def _watching(budget: int, allocator: FakeAllocator) -> Backend:
-    backend = Backend(Options.create(budget=budget, compiler="eager"))
-    backend._watch = StepPeakWatch(torch.device("cuda", 0), reader=allocator)
-    backend._watch.start()
-    return backend
-
-
-def test_a_step_over_its_byte_budget_warns_with_the_excess():
-    allocator = FakeAllocator(allocated=1_000, peak=2_000)
-    backend = _watching(10_000, allocator)
-    allocator.peak = 11_500         # 10,500 above the start: 500 over
-    with pytest.warns(UserWarning, match=r"over the byte budget .* Lower the budget by 500 bytes"):
-        backend._watch_ended()
-    assert backend.first_step_peak_bytes == 10_500
-
-
-def test_a_step_within_its_budget_or_not_measured_says_nothing():
-    allocator = FakeAllocator(allocated=1_000, peak=2_000)
-    backend = _watching(10_000, allocator)
-    allocator.peak = 10_000         # 9,000 above the start
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        backend._watch_ended()
-    assert backend.first_step_peak_bytes == 9_000
-    allocator = FakeAllocator(allocated=1_000, peak=50_000)
-    backend = _watching(10_000, allocator)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        backend._watch_ended()      # the process peaked higher before: unknown
-    assert backend.first_step_peak_bytes is None
-
-
 def test_on_the_cpu_nothing_is_watched():
     assert cuda_device([torch.zeros(2), 3]) is None
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     be = fxckpt.backend(budget=1 << 20, compiler="eager")
     torch.compile(model, backend=be)(torch.randn(4, 8)).sum().backward()
-    assert be.plans and be._watched and be._watch is None
+    assert be.plans and be._watch_settled and be._watch is None
     assert be.first_step_peak_bytes is None
 
 
-def test_the_hooks_read_the_peak_as_the_first_backward_ends(monkeypatch):
-    """Through a real step (CPU tensors standing in for a CUDA device): the
-    watch starts before the first graph runs, is read when the first
-    backward ends, once, and an excess warns."""
+class StepAllocator:
+    """torch.cuda's two counters for a step whose graph runs its current
+    plan: the step peaks at what the plan's memory model reads plus
+    ``unseen`` bytes the model does not see. ``resets`` stands for a user
+    resetting the peak counter before each step (so each step can be read);
+    without it the counter keeps the process's peak."""
+
+    def __init__(self, unseen: int, resets: bool = True) -> None:
+        self.unseen, self.resets = unseen, resets
+        self.backend: Backend | None = None
+        self.process_peak = 0
+        self.reads = 0
+
+        self._starting = False
+
+    def memory_allocated(self, device) -> int:     # read as a step starts
+        if self.resets:
+            self.process_peak = 0
+        self._starting = True
+        return 0
+
+    def max_memory_allocated(self, device) -> int:
+        if self._starting:                          # the peak before the step
+            self._starting = False
+            return self.process_peak
+        self.reads += 1                             # the step's end
+        entries = self.backend.ledger.live()
+        step = sum(e.plan.peak_bytes for e in entries) + self.unseen
+        self.process_peak = max(self.process_peak, step)
+        return self.process_peak
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(64, 64), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 1))
+
+
+X = torch.randn(256, 64, generator=torch.Generator().manual_seed(1))
+
+
+def _floor_and_optimal() -> tuple[int, int]:
+    with pytest.raises(fxckpt.BudgetError) as refused:
+        fxckpt.explain(_mlp(), X, budget=1, compiler="eager")
+    return refused.value.floor_bytes, fxckpt.explain(_mlp(), X, compiler="eager").peak_bytes
+
+
+def _watched(monkeypatch, budget: int, allocator: StepAllocator):
+    """A compiled MLP under ``budget`` whose steps the allocator reads, its
+    inputs standing in for a CUDA device's."""
     import fxckpt.entry.backend as backend_module
 
-    allocator = FakeAllocator(allocated=0, peak=0)
-    reads = []
-
-    def peak_read(device):
-        reads.append(allocator.peak)
-        return allocator.peak
-
-    allocator.max_memory_allocated = peak_read
     monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
     monkeypatch.setattr(backend_module, "StepPeakWatch",
                         lambda device: StepPeakWatch(device, reader=allocator))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    be = fxckpt.backend(budget=1 << 20, compiler="eager")
-    compiled = torch.compile(model, backend=be)
-    out = compiled(torch.randn(4, 8)).sum()
-    assert reads == [0]             # read at the start only
-    allocator.peak = (1 << 20) + 4096
-    with pytest.warns(UserWarning, match="Lower the budget by 4096 bytes"):
-        out.backward()
-    assert be.first_step_peak_bytes == (1 << 20) + 4096
-    compiled(torch.randn(4, 8)).sum().backward()     # later steps are not watched
-    assert len(reads) == 2
+    be = fxckpt.backend(budget=budget, compiler="eager")
+    allocator.backend = be
+    return be, torch.compile(_mlp(), backend=be)
 
 
-def test_a_step_that_compiled_a_graph_meanwhile_is_not_read():
-    allocator = FakeAllocator(allocated=1_000, peak=2_000)
-    backend = _watching(10_000, allocator)
-    backend._watch.compiled_meanwhile = True
-    allocator.peak = 50_000
+def _step(compiled) -> dict:
+    compiled.zero_grad(set_to_none=True)
+    compiled(X).square().mean().backward()
+    return {name: p.grad.clone() for name, p in compiled.named_parameters()}
+
+
+def test_a_step_read_over_its_budget_is_replanned_with_the_excess_kept_aside(monkeypatch):
+    floor, optimal = _floor_and_optimal()
+    budget = (floor + optimal) // 2
+    unseen = (budget - floor) // 2
+    allocator = StepAllocator(unseen)
+    be, compiled = _watched(monkeypatch, budget, allocator)
+    with pytest.warns(UserWarning, match=r"kept aside .* planned again"):
+        first = _step(compiled)
+    plan_run = be.step_peaks[0] - unseen
+    assert be.step_peaks[0] > budget and be.unmodelled_bytes == unseen
+    assert be.replans == 1
+    replanned = be.ledger.live()[0].plan
+    assert replanned.peak_bytes + unseen <= budget < plan_run + unseen
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        backend._watch_ended()
-    assert backend.first_step_peak_bytes is None
+        second = _step(compiled)          # read within the budget: no more reads after it
+    assert be.step_peaks[1] == replanned.peak_bytes + unseen <= budget
+    reads = allocator.reads
+    _step(compiled)
+    assert allocator.reads == reads and be.replans == 1
+    for name, grad in first.items():
+        assert torch.equal(grad, second[name])
+
+
+def test_no_fit_with_the_excess_names_the_budget_that_fits_and_it_does(monkeypatch):
+    floor, optimal = _floor_and_optimal()
+    budget = (floor + optimal) // 2
+    unseen = budget - floor + 4096        # the floor plus it is over the budget
+    be, compiled = _watched(monkeypatch, budget, StepAllocator(unseen))
+    with pytest.warns(UserWarning, match="kept aside"), \
+            pytest.raises(fxckpt.BudgetError, match="measured outside") as refused:
+        _step(compiled)
+    assert refused.value.floor_bytes == floor + unseen
+    torch._dynamo.reset()
+    allocator = StepAllocator(unseen)
+    be, compiled = _watched(monkeypatch, refused.value.floor_bytes, allocator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the first step may be corrected, with a warning
+        _step(compiled)
+    _step(compiled)
+    assert be.ledger.live()[0].plan.peak_bytes + unseen <= refused.value.floor_bytes
+    assert be.step_peaks[-1] <= refused.value.floor_bytes
+
+
+def test_without_resets_a_lower_step_cannot_be_read_and_is_not(monkeypatch):
+    """The process's peak counter, never reset: after a step read over the
+    budget and corrected, the next step peaks lower, which the counter
+    cannot show; it is not read, and nothing more is watched."""
+    floor, optimal = _floor_and_optimal()
+    budget = (floor + optimal) // 2
+    allocator = StepAllocator((budget - floor) // 2, resets=False)
+    be, compiled = _watched(monkeypatch, budget, allocator)
+    with pytest.warns(UserWarning, match="kept aside"):
+        _step(compiled)
+    _step(compiled)
+    assert len(be.step_peaks) == 1 and be._watch_settled
+    reads = allocator.reads
+    _step(compiled)
+    assert allocator.reads == reads
+
+
+def test_after_three_corrections_an_excess_is_only_reported(monkeypatch):
+    """Eager code does not depend on the plans, so one correction is what
+    it takes; a step still over after three (scratch that grows as the plans
+    change) is reported with the excess, and no longer watched."""
+    floor, optimal = _floor_and_optimal()
+    budget = (floor + optimal) // 2
+    be, compiled = _watched(monkeypatch, budget, StepAllocator(4096))
+    be._corrections = 3
+    with pytest.warns(UserWarning, match=r"still measured .* Lower the budget by \d+ bytes"):
+        _step(compiled)
+    assert be._watch_settled and be.replans == 0 and be.unmodelled_bytes == 0
+
+
+class Broken(torch.nn.Module):
+    """The MLP with a graph break in its middle: two graphs, the second
+    compiled while the first step runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = _mlp()
+
+    def forward(self, x):
+        x = self.mlp[:4](x)
+        torch._dynamo.graph_break()
+        return self.mlp[4:](x)
+
+
+def test_a_step_that_compiled_a_graph_meanwhile_is_not_read_but_the_next_is(monkeypatch):
+    allocator = StepAllocator(0)
+    be, _ = _watched(monkeypatch, 1 << 30, allocator)
+    compiled = torch.compile(Broken(), backend=be)
+    _step(compiled)                       # the second graph compiled inside it
+    assert be.step_peaks == [] and not be._watch_settled
+    _step(compiled)
+    assert len(be.step_peaks) == 1 and be._watch_settled

@@ -249,7 +249,8 @@ _EXHAUSTIVE = 20_000
 
 
 def allocate_step(graphs: list[tuple[int, tuple, int]], runs_in_order: list[int], budget: int,
-                  regions: list[RegionChoice]) -> tuple[list[bool], list[int]]:
+                  regions: list[RegionChoice], reserved: int = 0
+                  ) -> tuple[list[bool], list[int]]:
     """``allocate`` for a step (``step_items``) that also runs eager
     fallback regions. Regions keep the user's policy while some choice of
     graph plans fits; otherwise they move to their floor one at a time, the
@@ -257,7 +258,8 @@ def allocate_step(graphs: list[tuple[int, tuple, int]], runs_in_order: list[int]
     recomputes runs op by op, uncompiled: the dearer place to recompute, and
     its policy is the one the user chose for it.) Returns (which regions run
     at their floor, one frontier point per graph); StepFloor names the
-    step's floor, every region and graph at its own."""
+    step's floor, every region and graph at its own. ``reserved`` bytes are
+    held throughout the step (as in ``step_peak``)."""
     movable = sorted((i for i, r in enumerate(regions) if r.policy != r.floor),
                      key=lambda i: regions[i].floor[1] - regions[i].policy[1])
     refused = None
@@ -265,7 +267,7 @@ def allocate_step(graphs: list[tuple[int, tuple, int]], runs_in_order: list[int]
         at_floor = [i in movable[:moved] for i in range(len(regions))]
         items, sequence = step_items(graphs, runs_in_order, regions, at_floor)
         try:
-            choice = allocate(items, budget, sequence=sequence)
+            choice = allocate(items, budget, reserved, sequence=sequence)
         except StepFloor as error:
             refused = error
             continue

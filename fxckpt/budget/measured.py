@@ -1,18 +1,27 @@
-"""The first training step's measured peak on a CUDA device, against the budget.
+"""A training step's measured peak on a CUDA device, against the budget.
 
-The memory model predicts what the plans hold; a kernel holding scratch the
-model does not know, or the allocator handing out more than asked, can take
-the real step over a byte budget. On CUDA the allocator's own counters say
-so, and a step over its budget is then reported instead of passing
-silently.
+The memory model predicts what the plans hold; tensors made outside the
+compiled graphs (a loss or an output layer computed eagerly, with each
+block compiled on its own), a kernel holding scratch the model does not
+know, or the allocator handing out more than asked can take the real step
+over a byte budget. On CUDA the allocator's own counters say so.
 
 The allocator's peak counter cannot be reset without changing what the
-user reads from it, so it is read, not reset: its value at the end of the
-first backward, if above its value when the step began, is the step's peak
-(less what was allocated when the step began). If the process had peaked
-higher before, the step's own peak is not known and nothing is said; nor
-where a graph was compiled inside the step (a graph break), as compiling
-can allocate on the device.
+user reads from it, so it is read, not reset: its value at the end of a
+watched step's backward, if above its value when the step began, is the
+step's peak (less what was allocated when the step began). If the process
+had peaked higher before, the step's own peak is not known; a step in which
+a graph was compiled (a graph break) is not read either, as compiling can
+allocate on the device, and the next step is watched instead.
+
+A step read over its budget is corrected for (``Backend._on_new_step``):
+what it held beyond the memory model's reading is kept aside from then on,
+and the step's graphs are planned again for the rest, or BudgetError names
+the smallest budget that fits with it. The CPU keeps no such counters, and
+a profiler cannot watch the step from the library: started on the caller's
+thread, it cannot be stopped where the backward ends (the autograd engine
+restores the caller's thread state after it), and left running it would
+refuse the user's own.
 """
 
 from __future__ import annotations
@@ -53,13 +62,27 @@ def cuda_device(tensors) -> torch.device | None:
     return None
 
 
-def over_budget_warning(peak: int, budget: int, device: torch.device, format_bytes) -> str:
+def over_budget_warning(peak: int, budget: int, predicted: int, kept: int,
+                        device: torch.device, format_bytes) -> str:
+    """A watched step peaked over the budget; ``kept`` bytes are now set aside
+    for what the memory model did not see (``predicted``: its own reading
+    of that step's plans)."""
+    return (f"fxckpt: a training step on {device} measured a peak of {format_bytes(peak)} "
+            f"({peak} bytes) above what was allocated when its first graph ran, over the "
+            f"byte budget of {format_bytes(budget)} by {format_bytes(peak - budget)}; the "
+            f"memory model predicted {format_bytes(predicted)} for its plans. It does not "
+            f"see tensors made outside the compiled graphs (a loss or an output layer "
+            f"computed eagerly), scratch of a kernel it does not know (`fxckpt bench "
+            f"--suite scratch --device cuda` lists them), or the allocator's rounding: "
+            f"{format_bytes(kept)} ({kept} bytes) are kept aside for that from now on, and "
+            f"the step's graphs are planned again for the rest of the budget")
+
+
+def still_over_warning(peak: int, budget: int, device: torch.device, format_bytes) -> str:
     excess = peak - budget
-    return (f"fxckpt: the first training step on {device} measured a peak of "
-            f"{format_bytes(peak)} ({peak} bytes) above what was allocated when it began, "
-            f"over the byte budget of {format_bytes(budget)} by {format_bytes(excess)}: "
-            f"the memory model missed memory this step allocates (scratch of a kernel it "
-            f"does not know, the allocator's rounding of large blocks, or tensors made "
-            f"outside the compiled graphs). Lower the budget by {excess} bytes to keep "
-            f"the step within {format_bytes(budget)}, and `fxckpt bench --suite scratch "
-            f"--device cuda` lists the kernels whose scratch the model does not count.")
+    return (f"fxckpt: a training step on {device} still measured a peak of "
+            f"{format_bytes(peak)} ({peak} bytes), over the byte budget of "
+            f"{format_bytes(budget)} by {format_bytes(excess)}, after its plans were "
+            f"corrected for what the memory model does not see; no more corrections are "
+            f"made. Lower the budget by {excess} bytes to keep the step within "
+            f"{format_bytes(budget)}.")

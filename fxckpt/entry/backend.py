@@ -13,7 +13,8 @@ import torch.fx as fx
 from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
-from fxckpt.budget.measured import StepPeakWatch, cuda_device, over_budget_warning
+from fxckpt.budget.measured import (StepPeakWatch, cuda_device, over_budget_warning,
+                                     still_over_warning)
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory.model import at_sizes, storage_key
@@ -63,12 +64,19 @@ class Backend:
         self._first_step_checked = False
         self._end_of_backward_queued = False
         self._floors_made_of: list[str] = []   # of graphs refused at their compile
-        # The first step's peak on a CUDA device, measured (budget/measured.py):
-        # bytes, or None where not measured (no byte budget, not CUDA, or the
-        # process had peaked higher before the step).
+        # Steps' measured peaks on a CUDA device under a byte budget
+        # (budget/measured.py), in the order read; the first of them, or None
+        # where none was read (no byte budget, not CUDA, or the process had
+        # peaked higher before).
+        self.step_peaks: list[int] = []
         self.first_step_peak_bytes: int | None = None
+        # Bytes kept aside for what the memory model does not see, from
+        # measured steps over the budget; at most _CORRECTIONS corrections.
+        self.unmodelled_bytes = 0
+        self._corrections = 0
+        self._measured: tuple[int, torch.device] | None = None
         self._watch: StepPeakWatch | None = None
-        self._watched = False
+        self._watch_settled = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         if self._watch is not None:
@@ -157,34 +165,57 @@ class Backend:
         return options, planner
 
     def _on_run(self, inputs) -> None:
-        """A graph is about to run for training: the first one of the first
-        step starts watching the CUDA allocator's peak under a byte budget."""
-        if self._watched or self._byte_budget() is None:
+        """A graph is about to run for training. Under a byte budget on a
+        CUDA device the first graph of a step starts watching the step's
+        peak (budget/measured.py), until a step is read within the budget or
+        can no longer be read (the process peaked higher before it); a step
+        read over it is corrected for (``_on_new_step``)."""
+        if self._watch_settled or self._byte_budget() is None \
+                or len(self.ledger.counting) != 1:
             return
-        self._watched = True
         device = cuda_device(inputs)
-        if device is not None:
-            self._watch = StepPeakWatch(device)
-            self._watch.start()
+        if device is None:
+            self._watch_settled = True
+            return
+        self._watch = StepPeakWatch(device)
+        self._watch.start()
 
     def _watch_ended(self) -> None:
-        """The first backward ended: the step's measured peak, and a warning
-        where it is over the byte budget."""
+        """The backward of a watched step ended: its measured peak. Over the
+        byte budget, the step is checked now (where no fallback regions
+        wait for ``fxckpt.compile``'s step boundary) and re-planned with
+        what the model missed kept aside."""
         watch, self._watch = self._watch, None
         budget = self._byte_budget()
-        if watch is None or budget is None or watch.compiled_meanwhile:
+        if watch is None or budget is None:
             return
-        self.first_step_peak_bytes = watch.peak()
-        if self.first_step_peak_bytes is not None and self.first_step_peak_bytes > budget:
-            warnings.warn(over_budget_warning(self.first_step_peak_bytes, budget, watch.device,
-                                              format_bytes), stacklevel=2)
+        if watch.compiled_meanwhile:    # not the step's own peak: read the next one
+            return
+        peak = watch.peak()
+        if peak is None:                # unknown, and no later step can be read
+            self._watch_settled = True
+            return
+        self.step_peaks.append(peak)
+        if self.first_step_peak_bytes is None:
+            self.first_step_peak_bytes = peak
+        if peak <= budget:
+            self._watch_settled = True
+            return
+        if self._corrections >= _CORRECTIONS:
+            self._watch_settled = True
+            warnings.warn(still_over_warning(peak, budget, watch.device, format_bytes),
+                          stacklevel=2)
+            return
+        self._measured = (peak, watch.device)
+        if self.regions is None:
+            self._first_backward_ended()
 
     def _on_backward(self) -> None:
         """A graph's backward began. Where a graph of the first step ran at
         its floor over the budget (and no fallback regions, which
         ``fxckpt.compile`` checks at its own step boundary, are in the step),
         the step is checked as soon as this backward ends, so a budget below
-        the step's floor is refused from the first ``backward()``. The first
+        the step's floor is refused from the first ``backward()``. A watched
         step's measured peak is read as the backward ends."""
         if self._watch is not None and not self._watch.queued:
             self._watch.queued = True
@@ -227,16 +258,20 @@ class Backend:
             return self.options
         held_by_graphs = self.ledger.held_before(frame, compile)
         held_elsewhere = self.regions.held_bytes() if self.regions is not None else 0
-        held = held_by_graphs + held_elsewhere
+        held = held_by_graphs + held_elsewhere + self.unmodelled_bytes
         remaining = budget - held
         if remaining <= 0:
             holders = [f"the {format_bytes(held_by_graphs)} that the graphs running "
-                       "before this one"] if held_by_graphs else []
+                       "before this one save for backward"] if held_by_graphs else []
             if held_elsewhere:
-                holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback regions")
+                holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback "
+                               "regions save for backward")
+            if self.unmodelled_bytes:
+                holders.append(f"the {format_bytes(self.unmodelled_bytes)} kept aside for what "
+                               "measured steps held beyond the memory model's reading")
             raise BudgetError(
                 f"the budget of {format_bytes(budget)} is used up by "
-                f"{' and '.join(holders)} save for backward; raise the budget",
+                f"{' and '.join(holders)}; raise the budget",
                 floor_bytes=held + 1)
         return replace(self.options, budget=Budget(bytes=remaining))
 
@@ -255,15 +290,30 @@ class Backend:
         they were, and the fallback regions hold more than the budget
         allows, re-plan them once, together."""
         budget = self._byte_budget()
-        if budget is None or self._first_step_checked:
+        measured, self._measured = self._measured, None
+        if budget is None or (self._first_step_checked and measured is None):
             return
         self._first_step_checked = True
         regions = self.regions.choices() if self.regions is not None else []
         reserved = sum((r.floor if r.at_floor else r.policy)[1] for r in regions)
         items, sequence = step_items(*self._step_graphs(current=True), regions,
                                      [r.at_floor for r in regions])
-        predicted = step_peak([0] * len(items), items, 0, sequence)
+        model = step_peak([0] * len(items), items, 0, sequence)
+        predicted = model + self.unmodelled_bytes
         over_budget, self._over_budget = self._over_budget, False
+        if measured is not None:
+            peak, device = measured
+            kept = max(self.unmodelled_bytes, peak - model)
+            if predicted <= budget:
+                # The plans were to fit with what was kept: the rest of the
+                # excess happened where the model reads less than its peak.
+                kept = max(kept, self.unmodelled_bytes + peak - budget)
+            self.unmodelled_bytes = kept
+            self._corrections += 1
+            warnings.warn(over_budget_warning(peak, budget, model, kept, device, format_bytes),
+                          stacklevel=2)
+            self.replan()
+            return
         if predicted <= budget and not over_budget:
             return
         runs = {e.runs for e in self.ledger.run_order()}
@@ -299,7 +349,8 @@ class Backend:
                 entry.frontier = self._frontier_for_runs(entry)
         graphs, runs_in_order = self._step_graphs()
         try:
-            at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions)
+            at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions,
+                                             reserved=self.unmodelled_bytes)
         except StepFloor as refused:
             held = sum(r.floor[1] for r in regions)
             raise BudgetError(
@@ -310,6 +361,9 @@ class Backend:
                 + (f", {format_bytes(held)} of it held by {len(regions)} eager fallback "
                    "region(s) at their floor (their inputs and MUST saves)"
                    if regions else "")
+                + (f", {format_bytes(self.unmodelled_bytes)} of it measured outside what "
+                   "the memory model reads (tensors made outside the compiled graphs, "
+                   "scratch it does not know) and kept aside" if self.unmodelled_bytes else "")
                 + "".join(f". At its own floor, a graph that did not fit peaks at a point made of {what}"
                           for what in self._floors_made_of)
                 + f". Raise the budget to at least {refused.floor} bytes, or shrink the "
@@ -318,7 +372,7 @@ class Backend:
         if self.regions is not None:
             self.regions.choose(at_floor)
         items, sequence = step_items(graphs, runs_in_order, regions, at_floor)
-        peak = step_peak(choice + [0] * len(regions), items, 0, sequence)
+        peak = step_peak(choice + [0] * len(regions), items, self.unmodelled_bytes, sequence)
         for entry, (runs, points, _), j in zip(order, graphs, choice):
             own_peak, saved, _ = points[j]
             if entry.frontier and (own_peak, saved) != (entry.plan.peak_bytes,
@@ -368,6 +422,10 @@ class Backend:
                 f"compiler={o.compiler!r}, solver={o.solver!r}"
                 + (f", offload_bandwidth={o.offload_bandwidth:g}" if o.offload_bandwidth else "")
                 + ")")
+
+
+# Corrections of a step's plans for bytes measured beyond the memory model's.
+_CORRECTIONS = 3
 
 
 def _compiled_points(entry: LedgerEntry) -> tuple:
