@@ -14,7 +14,6 @@ import torch
 import fxckpt
 from fxckpt.budget.measured import StepPeakWatch, cuda_device
 from fxckpt.entry.backend import Backend
-from fxckpt.options import Options
 
 
 class FakeAllocator:
