@@ -208,8 +208,13 @@ def test_the_string_backend_shares_one_budget_across_graphs():
         run_step(compiled, inputs, loss_fn)
     floor = refused.value.floor_bytes
     torch._dynamo.reset()
-    first_graph_floor = floor_of(SplitInTwo(), inputs)   # explain: the first graph alone
-    assert first_graph_floor < floor < optimal
+    assert floor_of(SplitInTwo(), inputs) == floor < optimal   # explain names it too
+    # Just below it the first graph fits alone and the second does not fit
+    # what the first leaves: explain refuses the step, naming its floor.
+    with pytest.raises(fxckpt.BudgetError, match="whole step") as refused:
+        fxckpt.explain(SplitInTwo(), *inputs, budget=floor - 1, compiler="eager")
+    assert refused.value.floor_bytes == floor
+    assert fxckpt.explain(SplitInTwo(), *inputs, budget=floor, compiler="eager").peak_bytes <= floor
     compiled = torch.compile(SplitInTwo(), backend="fxckpt",
                              options={"budget": floor, "compiler": "eager"})
     peaks = [measured_step(compiled, inputs, loss_fn) for _ in range(3)]

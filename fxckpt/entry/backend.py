@@ -41,7 +41,9 @@ class Backend:
     ``capture.compile_planned``. ``refuse_at_compile`` (``fxckpt.explain``,
     which runs no step) refuses a first graph that cannot fit the budget at
     its compile, naming its own floor, instead of running the step at floors
-    to name the step's.
+    to name the step's (explain then captures again without it where the
+    model has several graphs, and ``forward_only_step_ended`` names the
+    step's floor).
     """
 
     def __init__(self, options: Options, *,
@@ -225,6 +227,15 @@ class Backend:
             return
         self._end_of_backward_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._first_backward_ended)
+
+    def forward_only_step_ended(self) -> None:
+        """A step's forward ran and no backward will (``fxckpt.explain``'s
+        capture): where a graph of it ran at its floor, check the step as
+        the end of its backward would."""
+        if not self._over_budget:
+            return
+        self.ledger.backward_began()
+        self._first_backward_ended()
 
     def _first_backward_ended(self) -> None:
         self._end_of_backward_queued = False

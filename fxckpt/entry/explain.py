@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.fx as fx
 
 from fxckpt.entry.backend import Backend
 from fxckpt.planning.capture import capture_once
-from fxckpt.errors import FxckptError
+from fxckpt.errors import BudgetError, FxckptError
 from fxckpt.options import DEFAULT_COMPILER, Options
 from fxckpt.report.plan import Plan, merge_plans
 
@@ -36,16 +38,51 @@ def explain(model_or_gm, *example_inputs, budget=None, policy=None,
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth)
     be = Backend(options, refuse_at_compile=True)
-    capture_once(model_or_gm, example_inputs, be)
+    try:
+        _capture(model_or_gm, example_inputs, be)
+    except BudgetError:
+        # The first graph cannot fit. Where the model splits into several
+        # graphs, the budget that works is the step's floor: name that.
+        if options.budget is not None and options.budget.bytes is not None:
+            step = _step_refusal(model_or_gm, example_inputs, options)
+            if step is not None:
+                raise step from None
+        raise
     if not be.plans:
         if be.graphs_without_backward:
             raise FxckptError(_NO_GRAD)
         raise FxckptError(
             "Dynamo captured no graph from this model, so there is nothing to plan; "
             "run with TORCH_LOGS=graph_breaks to see why")
-    if len(be.plans) == 1:
-        return be.plans[0]
-    return merge_plans(be.plans)
+    plans = [e.plan for e in be.ledger.run_order()] if be.replans else be.plans
+    if len(plans) == 1:
+        return plans[0]
+    return merge_plans(plans)
+
+
+def _capture(model, example_inputs, be: Backend) -> None:
+    """One forward under ``be``, then the step's check its backward would
+    make: a graph that ran at its floor (what the graphs before it hold left
+    too little) has the step planned again together, or BudgetError names
+    the step's floor. The warnings that speak of the step's backward are
+    not the caller's: explain runs none."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="fxckpt: this graph")
+        warnings.filterwarnings("ignore", message="fxckpt: the first training step")
+        capture_once(model, example_inputs, be)
+        be.forward_only_step_ended()
+
+
+def _step_refusal(model, example_inputs, options: Options) -> BudgetError | None:
+    """BudgetError naming the step's floor, from a capture with every graph
+    that cannot fit at its floor; None for a model of one graph (its own
+    refusal says more: where its floor peaks, and of what)."""
+    be = Backend(options)
+    try:
+        _capture(model, example_inputs, be)
+    except BudgetError as refused:
+        return refused if len(be.ledger.live()) > 1 else None
+    return None
 
 
 _NO_GRAD = ("nothing requires grad (no parameter or input has requires_grad=True, or "
