@@ -133,6 +133,35 @@ def test_a_cpu_convolutions_scratch_is_measured_at_the_calls_layouts():
     assert peak.peak_bytes == 3 * 8192 + 8192 + 3136 + scratch
 
 
+def test_a_reused_buffers_layout_is_read_where_it_is_reused():
+    """Inductor hands a freed buffer on under a new name: a plain alias
+    where the two layouts are the same, reinterpret_tensor with the new
+    sizes and strides where they differ. A convolution given such a buffer
+    is measured at that layout (HF ConvNeXt under Inductor: four of its six
+    convolution backwards; read by the rule they measured 43,072 B where
+    29,184 were counted, and a floor named 320,656 B measured 329,392)."""
+    import torch
+    torch.set_num_threads(1)
+    direct = step_peak(_CONV_FORWARD, _DEPTHWISE_BACKWARD).peak_bytes
+    call = "buf1 = torch.ops.aten.convolution_backward.default(reinterpret_tensor(buf0, "
+    assert call in _DEPTHWISE_BACKWARD
+    reinterpreted = _DEPTHWISE_BACKWARD.replace(
+        "(2, 16, 8, 8), (1024, 1, 128, 16), torch.float32)",
+        "(2, 16, 8, 8), (1024, 64, 8, 1), torch.float32)"
+    ).replace(
+        "        " + call,
+        "        buf9 = reinterpret_tensor(buf0, (2, 16, 8, 8), (1024, 1, 128, 16), 0); "
+        "del buf0  # reuse\n        " + call.replace("reinterpret_tensor(buf0, ", "reinterpret_tensor(buf9, "))
+    aliased = _DEPTHWISE_BACKWARD.replace(
+        "        " + call,
+        "        buf9 = buf0; del buf0  # reuse\n        " + call.replace("reinterpret_tensor(buf0, ", "reinterpret_tensor(buf9, "))
+    for code in (reinterpreted, aliased):
+        code = code.replace("(reinterpret_tensor(buf9, (2, 16, 8, 8), (1024, 1, 128, 16), 0), ", "(buf9, ")
+        code = code.replace("del buf0\n        buf2", "del buf9\n        buf2")
+        assert "default(buf9, primals_1" in code and "# reuse" in code
+        assert step_peak(_CONV_FORWARD, code).peak_bytes == direct
+
+
 _CUDA_FORWARD = _FORWARD.replace("empty_strided_cpu", "empty_strided_cuda")
 _CUDA_ATTENTION_BACKWARD = """
 class Runner:

@@ -347,3 +347,19 @@ def test_allocate_picks_the_cheapest_plans_that_fit_the_step():
     fits = [(i, j) for i in range(3) for j in range(2) if step_peak([i, j], graphs, 0) <= 200]
     best = min(first[i][2] + 2 * second[j][2] for i, j in fits)
     assert first[choice[0]][2] + 2 * second[choice[1]][2] == best
+
+
+def test_a_graph_that_ran_at_its_floor_offers_no_point_below_it():
+    """Under Inductor the memory model's frontier can read a plan far below
+    what its code peaks at (HF ConvNeXt: a floor plan read at 200 KB whose
+    channels-last convolution backwards compile to 1.8 MB). A graph whose
+    planning refused a budget named its lowest peak; the step is planned
+    from points no lower than that, so the step's floor is one it can reach."""
+    from fxckpt.budget.ledger import LedgerEntry
+    from fxckpt.entry.backend import _compiled_points
+
+    points = ((100, 90, 9.0), (150, 60, 4.0), (300, 10, 1.0))
+    entry = LedgerEntry(0, 0, None, lambda: None, frontier=points)
+    assert _compiled_points(entry) == points
+    entry.floor_bytes = 200
+    assert _compiled_points(entry) == ((200, 90, 9.0), (200, 60, 4.0), (300, 10, 1.0))

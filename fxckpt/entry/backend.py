@@ -98,8 +98,8 @@ class Backend:
                              self._on_run)
         sizes = self._sizes.plan_at(frame, gm)
         try:
-            options, planner = self._plan_and_compile(gm, example_inputs, runner, frame,
-                                                      compile, sizes)
+            options, planner, own_floor = self._plan_and_compile(gm, example_inputs, runner,
+                                                                 frame, compile, sizes)
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
         if not planner.plans:
@@ -111,6 +111,7 @@ class Backend:
                             weak(runner), grad_bytes=gradient_bytes(example_inputs),
                             frontier=planner.frontiers_seen[-1]
                             if planner.frontiers_seen else ())
+        entry.floor_bytes = own_floor
         runner.entry = entry
         self.ledger.add(entry)
         if entry.plan is not None and options.budget is not None \
@@ -136,12 +137,17 @@ class Backend:
         planned again, together, or refused with BudgetError naming the
         step's floor (``_on_new_step``), so that one ask names a budget that
         works even when the model splits into several graphs."""
+        own_floor = None
         try:
             options = self._options_for(frame, compile)
             planner = Planner(options, on_plan=self._keep_plan)
-            with at_sizes(sizes):
-                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
-            return options, planner
+            try:
+                with at_sizes(sizes):
+                    runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+            except BudgetError as refused:
+                own_floor = refused.floor_bytes     # the graph's own, from its planning
+                raise
+            return options, planner, None
         except BudgetError as refused:
             alone = not (self.ledger.held_before(frame, compile) or self.regions is not None)
             if self._byte_budget() is None or (alone and (self._first_step_checked
@@ -160,11 +166,15 @@ class Backend:
             self._first_step_checked = False   # the step changed: check it again
             if refused.dominated_by:
                 self._floors_made_of.append(refused.dominated_by)
-        options = replace(self.options, budget=Budget(fraction=0.0))
+        # At its own floor: the plan its planning named as the lowest (under
+        # Inductor the lowest compiled peak, which the memory model's floor
+        # plan can compile far above), else the memory model's floor.
+        options = replace(self.options, budget=Budget(bytes=own_floor) if own_floor
+                          else Budget(fraction=0.0))
         planner = Planner(options, on_plan=self._keep_plan)
         with at_sizes(sizes):
             runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
-        return options, planner
+        return options, planner, own_floor
 
     def _on_run(self, inputs) -> None:
         """A graph is about to run for training. Under a byte budget on a
@@ -440,12 +450,16 @@ _CORRECTIONS = 3
 
 
 def _compiled_points(entry: LedgerEntry) -> tuple:
-    """The entry's frontier points, where its plan is the frontier's floor
-    plan and its compiled code's peak is known (Inductor): no point below
-    that compiled peak. The frontier's peaks are the memory model's; a
+    """The entry's frontier points, none below the lowest peak its planning
+    named (``floor_bytes``, when a budget it could not fit asked), nor,
+    where its plan is the frontier's floor plan and its compiled code's peak
+    is known (Inductor), below that compiled peak. The frontier's peaks are the memory model's; a
     compiled plan can peak higher, and a budget below the floor plan's
     compiled peak is one the graph's compile refuses (planning/capture.py)."""
     plan, points = entry.plan, entry.frontier
+    if entry.floor_bytes is not None:
+        points = tuple((max(peak, entry.floor_bytes), saved, cost)
+                       for peak, saved, cost in points)
     if plan is None or plan.model_peak_bytes is None or plan.model_peak_bytes != points[0][0] \
             or plan.peak_bytes <= points[0][0]:
         return points

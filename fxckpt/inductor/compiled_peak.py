@@ -242,9 +242,14 @@ class _Walk:
             self.allocate(match[1], _nbytes(match[2], match[3], match[4]))
             self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]), match[4])
         elif match := _REUSE.match(statement):
-            # A buffer reused under a new name: its layout is the next
-            # statement's to say.
+            # A buffer reused under a new name: Inductor writes a plain alias
+            # where the two layouts are the same, reinterpret_tensor (sizes
+            # and strides stated) where they differ; an assert after it, if
+            # any, says again.
+            reused = _part(self, statement.split(" = ", 1)[1].split("; del ")[0].strip(), None)
             self.layouts.pop(match[1], None)
+            if reused is not None and reused[0] == "tensor":
+                self.layouts[match[1]] = reused[1:]
             storage = self.names.pop(match[3], None)
             if storage is not None:
                 self.names[match[1]] = storage
