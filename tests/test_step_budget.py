@@ -349,17 +349,21 @@ def test_allocate_picks_the_cheapest_plans_that_fit_the_step():
     assert first[choice[0]][2] + 2 * second[choice[1]][2] == best
 
 
-def test_a_graph_that_ran_at_its_floor_offers_no_point_below_it():
+def test_a_graph_that_ran_at_its_floor_is_planned_from_that_plan_up():
     """Under Inductor the memory model's frontier can read a plan far below
-    what its code peaks at (HF ConvNeXt: a floor plan read at 200 KB whose
-    channels-last convolution backwards compile to 1.8 MB). A graph whose
-    planning refused a budget named its lowest peak; the step is planned
-    from points no lower than that, so the step's floor is one it can reach."""
+    what its code peaks at, or far above (HF ConvNeXt: every plan read at
+    1.7 MB or more, for a channels-last depthwise convolution backward its
+    compiled code does not run; the lowest compiled, 329,552 B). A graph
+    whose planning refused a budget runs the plan it named as its lowest;
+    the step is planned from that plan up, so the step's floor is one the
+    graph reaches."""
     from fxckpt.budget.ledger import LedgerEntry
     from fxckpt.entry.backend import _compiled_points
 
     points = ((100, 90, 9.0), (150, 60, 4.0), (300, 10, 1.0))
     entry = LedgerEntry(0, 0, None, lambda: None, frontier=points)
     assert _compiled_points(entry) == points
-    entry.floor_bytes = 200
-    assert _compiled_points(entry) == ((200, 90, 9.0), (200, 60, 4.0), (300, 10, 1.0))
+    entry.floor_point = (200, 60, 9.0)          # compiled above the model's reading
+    assert _compiled_points(entry) == ((200, 60, 9.0), (300, 10, 1.0))
+    entry.floor_point = (40, 70, 9.0)           # compiled below it (ConvNeXt)
+    assert _compiled_points(entry) == ((40, 70, 9.0),) + points[1:]   # none dearer than it

@@ -58,10 +58,11 @@ class LedgerEntry:
     # The graph's frontier as (own peak, saved bytes, cost), lowest peak
     # first, when it was planned under a budget: what ``allocate`` picks from.
     frontier: tuple[tuple[int, int, float], ...] = ()
-    # The lowest peak a plan of this graph reaches where its planning said
-    # so (a budget it could not fit): under Inductor the compiled code's,
-    # which the frontier's memory-model peaks can read below.
-    floor_bytes: int | None = None
+    # Where its planning refused a budget and it was planned at the lowest
+    # peak it named: that plan, as (peak, saved bytes, cost). Under Inductor
+    # its compiled peak, which the frontier's memory-model peaks can read
+    # below or far above (a convolution the model reads channels-last).
+    floor_point: tuple[int, int, float] | None = None
 
     @property
     def alive(self) -> bool:

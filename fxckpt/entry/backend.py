@@ -111,7 +111,9 @@ class Backend:
                             weak(runner), grad_bytes=gradient_bytes(example_inputs),
                             frontier=planner.frontiers_seen[-1]
                             if planner.frontiers_seen else ())
-        entry.floor_bytes = own_floor
+        if own_floor is not None and entry.plan is not None:
+            entry.floor_point = (entry.plan.peak_bytes, entry.plan.saved_bytes,
+                                 max((cost for _, _, cost in entry.frontier), default=0.0))
         runner.entry = entry
         self.ledger.add(entry)
         if entry.plan is not None and options.budget is not None \
@@ -450,16 +452,16 @@ _CORRECTIONS = 3
 
 
 def _compiled_points(entry: LedgerEntry) -> tuple:
-    """The entry's frontier points, none below the lowest peak its planning
-    named (``floor_bytes``, when a budget it could not fit asked), nor,
+    """The entry's frontier points: from the plan its planning named as its
+    lowest (``floor_point``, where a budget it could not fit asked) up; or,
     where its plan is the frontier's floor plan and its compiled code's peak
-    is known (Inductor), below that compiled peak. The frontier's peaks are the memory model's; a
+    is known (Inductor), none below that compiled peak. The frontier's peaks are the memory model's; a
     compiled plan can peak higher, and a budget below the floor plan's
     compiled peak is one the graph's compile refuses (planning/capture.py)."""
     plan, points = entry.plan, entry.frontier
-    if entry.floor_bytes is not None:
-        points = tuple((max(peak, entry.floor_bytes), saved, cost)
-                       for peak, saved, cost in points)
+    if entry.floor_point is not None:
+        floor = entry.floor_point
+        return (floor,) + tuple(p for p in points if p[0] > floor[0] and p[2] < floor[2])
     if plan is None or plan.model_peak_bytes is None or plan.model_peak_bytes != points[0][0] \
             or plan.peak_bytes <= points[0][0]:
         return points
