@@ -44,20 +44,18 @@ class StepPeakWatch:
         self.allocated_at_start = self.reader.memory_allocated(self.device)
         self.peak_before = self.reader.max_memory_allocated(self.device)
 
-    def peak(self, gradient_bytes: int = 0) -> int | None:
+    def peak(self) -> int | None:
         """Bytes the step allocated at its peak above what was allocated
         when it began; None when the process's peak did not move (its own
-        peak is then unknown, and no higher than the earlier one).
-
-        What the step leaves allocated beyond ``gradient_bytes`` (the
-        gradients its backward may have made) is taken out: a block made
-        once and kept (cuBLAS's workspace at the process's first matmul) is
-        allocated before the later steps begin, not by them."""
+        peak is then unknown, and no higher than the earlier one). A block
+        made once and kept (cuBLAS's workspace at the process's first
+        matmul) counts in the step that made it: it cannot be told from the
+        gradients of parameters outside the graphs, which the step does
+        make, so it is kept aside too, on the safe side."""
         after = self.reader.max_memory_allocated(self.device)
         if after <= self.peak_before:
             return None
-        kept = self.reader.memory_allocated(self.device) - self.allocated_at_start
-        return after - self.allocated_at_start - max(0, kept - gradient_bytes)
+        return after - self.allocated_at_start
 
 
 def cuda_device(tensors) -> torch.device | None:

@@ -205,7 +205,7 @@ class Backend:
             return
         if watch.compiled_meanwhile:    # not the step's own peak: read the next one
             return
-        peak = watch.peak(sum(e.grad_bytes * e.runs for e in self.ledger.live()))
+        peak = watch.peak()
         if peak is None:                # unknown, and no later step can be read
             self._watch_settled = True
             return
