@@ -125,6 +125,32 @@ def measured_step(model, inputs, loss_fn) -> int:
     return peak
 
 
+def budgeted(make, budget):
+    """A model ``make()`` gives, compiled under ``budget``, its first step
+    run. A step read over its budget is corrected for (budget/measured.py);
+    where that cannot fit, BudgetError names the budget that does, and that
+    budget, asked for, must run. Returns (backend, compiled model, budget,
+    inputs, loss_fn)."""
+    for _ in range(2):
+        model, inputs, loss_fn = make()
+        be = fxckpt.backend(compiler="eager", budget=budget)
+        compiled = torch.compile(model, backend=be)
+        try:
+            run_step(compiled, inputs, loss_fn)
+            return be, compiled, budget, inputs, loss_fn
+        except fxckpt.BudgetError as refused:
+            print(f"budget {budget} B refused: {refused.floor_bytes} B named")
+            budget = refused.floor_bytes
+            torch._dynamo.reset()
+    raise AssertionError(f"the budget named, {budget} B, was refused in turn")
+
+
+def current_plan(be):
+    """The plan the compiled graph runs now (after any re-plan)."""
+    (entry,) = be.ledger.live()
+    return entry.plan
+
+
 def test_cuda_byte_budgets_hold_for_the_measured_step():
     """The floor plan's predicted peak, then halfway to the default plan's,
     as byte budgets: each plan runs bitwise, within its budget."""
@@ -139,14 +165,15 @@ def test_cuda_byte_budgets_hold_for_the_measured_step():
         torch._dynamo.reset()
     assert predicted["floor"] < 0.8 * predicted["default"]
     for budget in (predicted["floor"], (predicted["floor"] + predicted["default"]) // 2):
-        be = fxckpt.backend(compiler="eager", budget=budget)
-        compiled = torch.compile(gpt_on_cuda(), backend=be)
+        be, compiled, budget, _, _ = budgeted(lambda: (gpt_on_cuda(), inputs, loss_fn), budget)
         assert_bitwise_equal(ref, run_step(compiled, inputs, loss_fn))
         peak = measured_step(compiled, inputs, loss_fn)
-        (plan,) = be.plans
-        print(f"budget {budget} B: measured {peak} B, predicted {plan.peak_bytes} B")
+        plan = current_plan(be)
+        expected = plan.peak_bytes + be.unmodelled_bytes
+        print(f"budget {budget} B: measured {peak} B, predicted {plan.peak_bytes} B "
+              f"+ {be.unmodelled_bytes} B kept aside")
         assert peak <= budget * 1.05, (peak, budget)
-        assert peak <= plan.peak_bytes * 1.05, (peak, plan.peak_bytes)
+        assert peak <= expected * 1.05, (peak, expected)
         torch._dynamo.reset()
 
 
@@ -166,15 +193,15 @@ def test_cuda_zoo_budgets_hold_and_are_predicted(name):
         torch._dynamo.reset()
     low, high = predicted["floor"], predicted["default"]
     for k in range(5):
-        budget = low + k * (high - low) // 4
-        model, inputs, loss_fn = on_cuda(ZOO[name])
-        be = fxckpt.backend(compiler="eager", budget=budget)
-        compiled = torch.compile(model, backend=be)
+        be, compiled, budget, inputs, loss_fn = budgeted(lambda: on_cuda(ZOO[name]),
+                                                         low + k * (high - low) // 4)
         peak = measured_step(compiled, inputs, loss_fn)
-        (plan,) = be.plans
-        print(f"{name} budget {budget} B: predicted {plan.peak_bytes} B, measured {peak} B")
+        plan = current_plan(be)
+        expected = plan.peak_bytes + be.unmodelled_bytes
+        print(f"{name} budget {budget} B: predicted {plan.peak_bytes} B "
+              f"+ {be.unmodelled_bytes} B kept aside, measured {peak} B")
         assert peak <= budget * 1.05, (peak, budget)
-        assert abs(peak - plan.peak_bytes) <= 0.10 * peak, (peak, plan.peak_bytes)
+        assert abs(peak - expected) <= 0.10 * peak, (peak, expected)
         torch._dynamo.reset()
 
 
@@ -225,11 +252,11 @@ def test_cuda_hf_budgets_hold_at_training_sizes(kind, dtype):
         torch._dynamo.reset()
     low, high = predicted["floor"], predicted["default"]
     for k in range(3):
-        budget = low + k * (high - low) // 2
-        model, inputs, loss_fn = _hf_at_training_size(kind, dtype)
-        be = fxckpt.backend(compiler="eager", budget=budget)
-        peak = measured_step(torch.compile(model, backend=be), inputs, loss_fn)
-        (plan,) = be.plans
-        print(f"{kind} {dtype} budget {budget} B: predicted {plan.peak_bytes} B, measured {peak} B")
+        be, compiled, budget, inputs, loss_fn = budgeted(
+            lambda: _hf_at_training_size(kind, dtype), low + k * (high - low) // 2)
+        peak = measured_step(compiled, inputs, loss_fn)
+        plan = current_plan(be)
+        print(f"{kind} {dtype} budget {budget} B: predicted {plan.peak_bytes} B "
+              f"+ {be.unmodelled_bytes} B kept aside, measured {peak} B")
         assert peak <= budget * 1.05, (peak, budget)
         torch._dynamo.reset()
