@@ -76,13 +76,29 @@ def _capture(model, example_inputs, be: Backend) -> None:
 def _step_refusal(model, example_inputs, options: Options) -> BudgetError | None:
     """BudgetError naming the step's floor, from a capture with every graph
     that cannot fit at its floor; None for a model of one graph (its own
-    refusal says more: where its floor peaks, and of what)."""
+    refusal says more: where its floor peaks, and of what), told by a
+    capture that plans nothing, so that asking a one-graph model for its
+    floor costs one planning, as before."""
+    if _graph_count(model, example_inputs) <= 1:
+        return None
     be = Backend(options)
     try:
         _capture(model, example_inputs, be)
     except BudgetError as refused:
         return refused if len(be.ledger.live()) > 1 else None
     return None
+
+
+def _graph_count(model, example_inputs) -> int:
+    """How many graphs Dynamo splits one forward of ``model`` into."""
+    graphs = []
+
+    def counting(gm, _):
+        graphs.append(gm)
+        return gm.forward
+
+    capture_once(model, example_inputs, counting)
+    return len(graphs)
 
 
 _NO_GRAD = ("nothing requires grad (no parameter or input has requires_grad=True, or "
