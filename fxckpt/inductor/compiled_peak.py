@@ -246,10 +246,7 @@ class _Walk:
             # where the two layouts are the same, reinterpret_tensor (sizes
             # and strides stated) where they differ; an assert after it, if
             # any, says again.
-            reused = _part(self, statement.split(" = ", 1)[1].split("; del ")[0].strip(), None)
-            self.layouts.pop(match[1], None)
-            if reused is not None and reused[0] == "tensor":
-                self.layouts[match[1]] = reused[1:]
+            self.bind_layout(match[1], statement.split(" = ", 1)[1].split("; del ")[0])
             storage = self.names.pop(match[3], None)
             if storage is not None:
                 self.names[match[1]] = storage
@@ -299,8 +296,7 @@ class _Walk:
                     scratch = self.sizes[self.names[match[1]]]
                 self.peak = max(self.peak, self.level + scratch)
         elif match := _ALIAS.match(statement):
-            if match[2] in self.layouts and "reinterpret_tensor" not in statement:
-                self.layouts[match[1]] = self.layouts[match[2]]
+            self.bind_layout(match[1], statement.split(" = ", 1)[1])
             if match[2] in self.names:
                 self.names[match[1]] = self.names[match[2]]
             elif match[2] in self.pending:
@@ -312,6 +308,14 @@ class _Walk:
         elif statement.startswith("del "):
             for name in statement[4:].split(","):
                 self.delete(name.strip())
+
+    def bind_layout(self, name: str, value: str) -> None:
+        """``name`` bound to ``value`` (a name, or reinterpret_tensor of one
+        with the sizes and strides it states): its layout, where known."""
+        self.layouts.pop(name, None)
+        part = _part(self, value.strip(), None)
+        if part is not None and part[0] == "tensor":
+            self.layouts[name] = part[1:]
 
     def expect(self, name: str, call: _Call | None, itemsize: int | None) -> None:
         """``name`` is an output of ``call`` (None: a tangent) that the
