@@ -139,18 +139,18 @@ class Backend:
         planned again, together, or refused with BudgetError naming the
         step's floor (``_on_new_step``), so that one ask names a budget that
         works even when the model splits into several graphs."""
-        own_floor = None
+        planning = False
         try:
             options = self._options_for(frame, compile)
             planner = Planner(options, on_plan=self._keep_plan)
-            try:
-                with at_sizes(sizes):
-                    runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
-            except BudgetError as refused:
-                own_floor = refused.floor_bytes     # the graph's own, from its planning
-                raise
+            planning = True
+            with at_sizes(sizes):
+                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
             return options, planner, None
         except BudgetError as refused:
+            # The graph's own floor where its planning refused (not where the
+            # graphs before it left nothing to plan for).
+            own_floor = refused.floor_bytes if planning else None
             alone = not (self.ledger.held_before(frame, compile) or self.regions is not None)
             if self._byte_budget() is None or (alone and (self._first_step_checked
                                                           or self.refuse_at_compile)):

@@ -85,7 +85,7 @@ def _step_refusal(model, example_inputs, options: Options) -> BudgetError | None
     try:
         _capture(model, example_inputs, be)
     except BudgetError as refused:
-        return refused if len(be.ledger.live()) > 1 else None
+        return refused
     return None
 
 
