@@ -228,3 +228,42 @@ def torch_saved(monkeypatch, run: Callable[[], Any]) -> set[str]:
     run()
     monkeypatch.setattr(partitioners, "solve_min_cut", solve)
     return {n for n in chosen if not n.startswith("primals")}
+
+
+class DeviceCounters:
+    """torch.cuda's two counters for steps run on the CPU in tests, standing
+    in for a device's (fxckpt/budget/measured.py reads them): at the end of
+    each step the process's peak rises to what ``step_bytes()`` gives, if
+    higher. ``resets`` stands for a user resetting the peak counter before
+    each step, so that each step can be read; without it the counter keeps
+    the process's peak. ``reads`` counts the steps read."""
+
+    def __init__(self, step_bytes: Callable[[], int], resets: bool = False) -> None:
+        self.step_bytes, self.resets = step_bytes, resets
+        self.process_peak = self.reads = 0
+        self._starting = False
+
+    def memory_allocated(self, device) -> int:     # read as a step starts
+        if self.resets:
+            self.process_peak = 0
+        self._starting = True
+        return 0
+
+    def max_memory_allocated(self, device) -> int:
+        if self._starting:                          # the peak before the step
+            self._starting = False
+            return self.process_peak
+        self.reads += 1                             # the step's end
+        self.process_peak = max(self.process_peak, self.step_bytes())
+        return self.process_peak
+
+
+def read_as_on_a_device(monkeypatch, counters: DeviceCounters) -> None:
+    """fxckpt's backend reads steps' peaks from ``counters``, as if its
+    graphs' inputs were on a CUDA device."""
+    import fxckpt.entry.backend as backend_module
+    from fxckpt.budget.measured import StepPeakWatch
+
+    monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
+    monkeypatch.setattr(backend_module, "StepPeakWatch",
+                        lambda device: StepPeakWatch(device, reader=counters))

@@ -15,6 +15,8 @@ import fxckpt
 from fxckpt.budget.measured import StepPeakWatch, cuda_device
 from fxckpt.entry.backend import Backend
 
+from harness import DeviceCounters, read_as_on_a_device
+
 
 class FakeAllocator:
     """torch.cuda's two counters, set by the test."""
@@ -48,36 +50,18 @@ def test_on_the_cpu_nothing_is_watched():
     assert be.first_step_peak_bytes is None
 
 
-class StepAllocator:
-    """torch.cuda's two counters for a step whose graph runs its current
-    plan: the step peaks at what the plan's memory model reads plus
-    ``unseen`` bytes the model does not see. ``resets`` stands for a user
-    resetting the peak counter before each step (so each step can be read);
-    without it the counter keeps the process's peak."""
+class StepAllocator(DeviceCounters):
+    """The counters for a step whose graph runs its current plan: it peaks
+    at what the plan's memory model reads plus ``unseen`` bytes the model
+    does not see; by default the user resets the peak before each step."""
 
     def __init__(self, unseen: int, resets: bool = True) -> None:
-        self.unseen, self.resets = unseen, resets
+        super().__init__(self._step, resets)
+        self.unseen = unseen
         self.backend: Backend | None = None
-        self.process_peak = 0
-        self.reads = 0
 
-        self._starting = False
-
-    def memory_allocated(self, device) -> int:     # read as a step starts
-        if self.resets:
-            self.process_peak = 0
-        self._starting = True
-        return 0
-
-    def max_memory_allocated(self, device) -> int:
-        if self._starting:                          # the peak before the step
-            self._starting = False
-            return self.process_peak
-        self.reads += 1                             # the step's end
-        entries = self.backend.ledger.live()
-        step = sum(e.plan.peak_bytes for e in entries) + self.unseen
-        self.process_peak = max(self.process_peak, step)
-        return self.process_peak
+    def _step(self) -> int:
+        return sum(e.plan.peak_bytes for e in self.backend.ledger.live()) + self.unseen
 
 
 def _mlp() -> torch.nn.Module:
@@ -100,11 +84,7 @@ def _floor_and_optimal() -> tuple[int, int]:
 def _watched(monkeypatch, budget: int, allocator: StepAllocator):
     """A compiled MLP under ``budget`` whose steps the allocator reads, its
     inputs standing in for a CUDA device's."""
-    import fxckpt.entry.backend as backend_module
-
-    monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
-    monkeypatch.setattr(backend_module, "StepPeakWatch",
-                        lambda device: StepPeakWatch(device, reader=allocator))
+    read_as_on_a_device(monkeypatch, allocator)
     be = fxckpt.backend(budget=budget, compiler="eager")
     allocator.backend = be
     return be, torch.compile(_mlp(), backend=be)

@@ -16,7 +16,7 @@ import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.models import GPT, GPTConfig, gpt_loss
 
-from harness import assert_bitwise_equal, run_step
+from harness import DeviceCounters, assert_bitwise_equal, read_as_on_a_device, run_step
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
@@ -114,25 +114,6 @@ def test_per_block_compile_is_budgeted_for_the_step():
     assert_bitwise_equal(run_step(gpt(), inputs, loss_fn), run_step(model, inputs, loss_fn))
 
 
-class DeviceCounters:
-    """torch.cuda's two counters for steps on the CPU, standing in for a
-    device's: the process's peak rises to ``step_peak`` (a figure the CPU
-    profiler measured) at the end of the first step, and never again."""
-
-    def __init__(self, step_peak: int) -> None:
-        self.step_peak, self.process_peak, self.starting = step_peak, 0, False
-
-    def memory_allocated(self, device) -> int:
-        self.starting = True
-        return 0
-
-    def max_memory_allocated(self, device) -> int:
-        if not self.starting:
-            self.process_peak = max(self.process_peak, self.step_peak)
-        self.starting = False
-        return self.process_peak
-
-
 def test_per_block_compile_with_an_eager_head_meets_the_budget_once_a_step_is_read(monkeypatch):
     """Per-block compile leaves the output layer and the loss eager, which
     the memory model does not see: on the CPU the step measures 2.9% over
@@ -140,9 +121,6 @@ def test_per_block_compile_with_an_eager_head_meets_the_budget_once_a_step_is_re
     given the figure the CPU profiler measured for the same first step),
     the excess is kept aside and the step re-planned: later steps meet the
     budget, strictly."""
-    import fxckpt.entry.backend as backend_module
-    from fxckpt.budget.measured import StepPeakWatch
-
     inputs, loss_fn = batch(4, 64)
     default = gpt()
     for block in default.blocks:
@@ -159,10 +137,8 @@ def test_per_block_compile_with_an_eager_head_meets_the_budget_once_a_step_is_re
     first_step = measured_step(per_block(fxckpt.backend(compiler="eager", budget=budget)),
                                inputs, loss_fn)
     torch._dynamo.reset()
-    counters = DeviceCounters(first_step)
-    monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
-    monkeypatch.setattr(backend_module, "StepPeakWatch",
-                        lambda device: StepPeakWatch(device, reader=counters))
+    # The process's peak rises to the first step's at its end, and never again.
+    read_as_on_a_device(monkeypatch, DeviceCounters(lambda: first_step))
     be = fxckpt.backend(compiler="eager", budget=budget)
     model = per_block(be)
     with pytest.warns(UserWarning, match="kept aside"):
