@@ -69,6 +69,11 @@ class CompiledPeak:
     peak_bytes: int           # forward and backward, above the memory in use at entry
     forward_peak_bytes: int
     held_bytes: int           # what the forward leaves for backward (saved values, outputs)
+    # What the forward made and backward takes, each storage once (None: no
+    # backward code). It can differ from the planned graphs' saved values:
+    # Inductor may save a copy it made (a CPU convolution's weight in the
+    # channels-last layout it picked) where the graph saves the parameter.
+    saved_bytes: int | None = None
 
 
 def step_peak(forward_code: str, backward_code: str | None,
@@ -102,6 +107,8 @@ def step_peak(forward_code: str, backward_code: str | None,
             saved = returned[len(returned) - saved_count:] if saved_count else []
             old = walk.names
             walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
+            saved_bytes = sum(walk.sizes.get(storage, 0)
+                              for storage in set(walk.names.values()))
             # The backward's names are its own (its input asserts state them).
             walk.layouts = {}
             # Tangents are made by autograd for the backward, sized by the
@@ -113,7 +120,8 @@ def step_peak(forward_code: str, backward_code: str | None,
             walk.run(backward[1:])
     except _Unreadable:
         return None
-    return CompiledPeak(walk.peak, forward_peak, held)
+    return CompiledPeak(walk.peak, forward_peak, held,
+                        saved_bytes if backward_code is not None else None)
 
 
 def _on_cpu(body: list[str]) -> bool:

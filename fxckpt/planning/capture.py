@@ -373,9 +373,16 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str],
         return 0
     note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "
             f"(the memory model predicted {plan.peak_bytes})")
+    # What the graph holds while later graphs of the step run: the higher
+    # of the two readings (the code can save a copy the graph does not, a
+    # convolution's weight in another layout).
+    saved = max(plan.saved_bytes, compiled.saved_bytes or 0)
+    if saved != plan.saved_bytes:
+        note += (f"; it saves {saved} bytes for backward (the memory model "
+                 f"read {plan.saved_bytes})")
     planner.replace_plan(mark, replace(plan, peak_bytes=compiled.peak_bytes,
                                        model_peak_bytes=plan.peak_bytes,
-                                       notes=plan.notes + (note,)))
+                                       saved_bytes=saved, notes=plan.notes + (note,)))
     budget = plan.budget_bytes
     if budget is None or planner.options.budget is None \
             or planner.options.budget.bytes is None:
