@@ -40,6 +40,20 @@ def test_forward_keeps_what_it_returns_and_backward_frees_saved_values():
     assert peak.peak_bytes == 512
 
 
+def test_what_backward_takes_of_the_forwards_buffers_is_read_as_saved():
+    """The forward returns buf2 (an output) and a view of buf0 and
+    primals_1 (saved); backward takes the last two. Saved: buf0's 128 B,
+    the parameter not (the forward did not make it). Where the forward
+    saves a copy it made in place of the parameter (Inductor's
+    channels-last convolution weight), the copy counts."""
+    assert step_peak(_FORWARD, _BACKWARD).saved_bytes == 128
+    assert step_peak(_FORWARD, None).saved_bytes is None
+    copied = _FORWARD.replace("return (buf2, primals_1,", "return (buf2, buf4,").replace(
+        "        del buf3\n", "        del buf3\n"
+        "        buf4 = empty_strided_cpu((3, 3), (1, 3), torch.float32)\n")
+    assert step_peak(copied, _BACKWARD).saved_bytes == 128 + 36
+
+
 def test_code_with_a_symbolic_size_is_not_read():
     code = _FORWARD.replace("(16, ), (1, )", "(s0, ), (1, )")
     assert step_peak(code, _BACKWARD) is None
