@@ -76,3 +76,33 @@ def test_inductor_matches_inductor_without_recompute(name, solver, exact, device
         assert_bitwise_equal(ref, got)
     else:
         assert_close(ref, got, rtol=1e-5, atol=1e-6 if device == "cuda" else 1e-7)
+
+
+def test_own_plans_compile_with_scalar_loop_tails(one_thread, monkeypatch):
+    """Inductor's C++ code with vectorized loop tails computed HF Mamba's
+    gradients wrong for fxckpt's plan at budget 0.5 (1.15 times their
+    largest value apart, where the same backward graph run eagerly is
+    within 7e-7 of eager PyTorch; `python examples/hf_architectures.py
+    mamba inductor`, BENCHMARKS.md stop 56). Compiles of fxckpt's own plans
+    run their tails scalar; torch's partition compiles as torch.compile
+    does, and Inductor's setting is the caller's again afterwards."""
+    import torch._inductor.compile_fx as compile_fx
+
+    seen = []
+    inner = compile_fx.compile_fx_inner
+
+    def recording(*args, **kwargs):
+        seen.append(inductor_config.cpp.enable_loop_tail_vec)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording)
+    assert inductor_config.cpp.enable_loop_tail_vec
+    for solver, tails in (("recompute_all", False), ("auto", True)):
+        seen.clear()
+        torch._dynamo.reset()
+        model, inputs, loss_fn = fresh(ZOO["mlp"])
+        be = fxckpt.backend(compiler="inductor", solver=solver)
+        run_step(torch.compile(model, backend=be), inputs, loss_fn)
+        assert seen == [tails, tails], (solver, seen)
+        assert inductor_config.cpp.enable_loop_tail_vec
+    torch._dynamo.reset()
