@@ -298,8 +298,22 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
     from torch._functorch import config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+    def own() -> bool:
+        return _compiled_as_own(planner)
+
     def inner_compile(graph, inputs, **kwargs):
-        compiled = compile_fx_inner(graph, inputs, **kwargs)
+        # A plan of fxckpt's own compiles with the C++ kernels' loop tails
+        # scalar (the backward too where Inductor lowers it at its first
+        # run). Vectorized, Inductor's CPU code for a plan's backward can be
+        # wrong: HF Mamba's at budget 0.5, run eagerly, gives gradients
+        # within 7e-7 of eager PyTorch's; compiled with vectorized tails,
+        # 1.15 times their largest value apart (torch._inductor.compile on
+        # that graph alone does the same; with cpp.enable_loop_tail_vec
+        # off, or no vectorization, it is right). torch's own partitions of
+        # that model do not meet it. CUDA code has no such tails.
+        tails = {"cpp.enable_loop_tail_vec": False} if own() else {}
+        with inductor_config.patch(tails):
+            compiled = compile_fx_inner(graph, inputs, **kwargs)
         phase = "backward" if kwargs.get("is_backward") else "forward"
         code[phase] = getattr(compiled, "source_code", None)
         return compiled
@@ -315,11 +329,7 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
     if uuid is None:
         patches["enable_autograd_cache"] = False
 
-    def own() -> bool:
-        return _compiled_as_own(planner)
-
-    tails = {"cpp.enable_loop_tail_vec": inductor_config.cpp.enable_loop_tail_vec}
-    with functorch_config.patch(patches), inductor_config.patch(tails), recompute_apart(own):
+    with functorch_config.patch(patches), recompute_apart(own):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid, scratch),
             "post_grad_custom_post_pass": _post_grad_passes(own)})
@@ -415,17 +425,6 @@ class _InductorPartitioner(CustomPartitionerFn):
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
         forward, backward = self.planner(gm, joint_inputs, **kwargs)
-        if _compiled_as_own(self.planner):
-            # Until the compile ends (``_inductor`` restores it): the C++
-            # kernels' loop tails run scalar. Vectorized, Inductor's CPU
-            # code for a plan's backward can be wrong: HF Mamba's at budget
-            # 0.5, run eagerly, gives gradients within 7e-7 of eager
-            # PyTorch's; compiled with vectorized tails, 1.15 times their
-            # largest value apart (torch._inductor.compile on that graph
-            # alone does the same; with cpp.enable_loop_tail_vec off, or
-            # no vectorization, it is right). torch's own partitions of
-            # that model do not meet it. CUDA code has no such tails.
-            inductor_config.cpp.enable_loop_tail_vec = False
         graphs = (forward.graph, backward.graph)
         self._scratch.append((fallback_scratch(graphs), fallback_outputs(graphs)))
         return forward, backward
