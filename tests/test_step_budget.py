@@ -150,6 +150,39 @@ def test_per_block_compile_with_an_eager_head_meets_the_budget_once_a_step_is_re
     assert_bitwise_equal(run_step(gpt(), inputs, loss_fn), run_step(model, inputs, loss_fn))
 
 
+class _WithLoss(torch.nn.Module):
+    def __init__(self, model, loss_fn) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, idx):
+        return self.loss_fn(self.model(idx))
+
+
+def test_code_after_the_graphs_is_said_uncounted_on_the_cpu():
+    """On the CPU no step's peak can be read: where autograd code runs
+    after the compiled graphs (per-block compile leaves the output layer
+    and the loss eager), a byte budget warns, once, that what it holds is
+    not counted. A model compiled with its loss inside runs none."""
+    inputs, loss_fn = batch(2, 32)
+    model, be = gpt(), fxckpt.backend(compiler="eager", budget=2**40)
+    for block in model.blocks:
+        block.compile(backend=be)
+    with pytest.warns(UserWarning, match="autograd code after its compiled graphs") as said:
+        run_step(model, inputs, loss_fn)
+        run_step(model, inputs, loss_fn)
+    assert sum("autograd code after" in str(w.message) for w in said) == 1
+
+    torch._dynamo.reset()
+    whole = torch.compile(_WithLoss(gpt(), loss_fn),
+                          backend=fxckpt.backend(compiler="eager", budget=2**40))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_step(whole, inputs, lambda loss: loss)
+    assert not [w for w in caught if "autograd code after" in str(w.message)]
+    torch._dynamo.reset()
+
+
 class SplitInTwo(torch.nn.Module):
     """A GPT whose forward breaks once, between its first and second block:
     two graphs that run once each per step."""

@@ -300,11 +300,13 @@ class GraphRunner:
     begins, and can swap in a re-planned compile between steps."""
 
     def __init__(self, compiled, ledger: StepLedger, on_new_step: Callable[[], None],
-                 on_backward: Callable[[], None] | None = None,
+                 on_backward: Callable[[bool, Any], None] | None = None,
                  on_run: Callable[[Any], None] | None = None) -> None:
         self.ledger = ledger
         self.on_new_step = on_new_step
-        self.on_backward = on_backward   # called as the graph's backward begins
+        # Called as the graph's backward begins, with whether it is the
+        # step's first backward and the gradient reaching the graph's output.
+        self.on_backward = on_backward
         self.on_run = on_run             # called with the inputs before each training run
         self.entry: LedgerEntry | None = None
         self.size_check: Callable[[Any], None] | None = None   # dynamic sizes (fxckpt/budget/sizes.py)
@@ -337,10 +339,11 @@ class GraphRunner:
                 value.register_hook(self._backward_began)
                 return
 
-    def _backward_began(self, *_: Any) -> None:
+    def _backward_began(self, grad: Any = None) -> None:
+        first = not self.ledger.in_backward
         self.ledger.backward_began()
         if self.on_backward is not None:
-            self.on_backward()
+            self.on_backward(first, grad)
 
 
 def compile_key(gm) -> tuple[int, int]:

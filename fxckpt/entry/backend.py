@@ -79,6 +79,10 @@ class Backend:
         self._measured: tuple[int, torch.device] | None = None
         self._watch: StepPeakWatch | None = None
         self._watch_settled = False
+        # No step's peak can be read (the CPU); whether code outside the
+        # graphs was said to be uncounted (``_said_outside``).
+        self._unwatched = False
+        self._outside_said = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         if self._watch is not None:
@@ -208,6 +212,7 @@ class Backend:
         device = cuda_device(inputs)
         if device is None:
             self._watch_settled = True
+            self._unwatched = True
             return
         self._watch = StepPeakWatch(device)
         self._watch.start()
@@ -242,13 +247,16 @@ class Backend:
         if self.regions is None:
             self._first_backward_ended()
 
-    def _on_backward(self) -> None:
-        """A graph's backward began. Where a graph of the first step ran at
+    def _on_backward(self, first: bool, grad) -> None:
+        """A graph's backward began (``first``: the step's first backward,
+        ``grad`` what reached the graph's output). Where a graph of the first step ran at
         its floor over the budget (and no fallback regions, which
         ``fxckpt.compile`` checks at its own step boundary, are in the step),
         the step is checked as soon as this backward ends, so a budget below
         the step's floor is refused from the first ``backward()``. A watched
         step's measured peak is read as the backward ends."""
+        if first and self._unwatched and not self._outside_said:
+            self._said_outside(grad)
         if self._watch is not None and not self._watch.queued:
             self._watch.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._watch_ended)
@@ -257,6 +265,26 @@ class Backend:
             return
         self._end_of_backward_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._first_backward_ended)
+
+    def _said_outside(self, grad) -> None:
+        """Where no step's peak can be read (the CPU) under a byte budget:
+        a step whose first backward begins with a gradient made by code after
+        the compiled graphs (not a loss's seed, a scalar; not the zeros of
+        an output the loss does not use) runs autograd code the budget does
+        not count -- an output layer or loss left eager. Said once."""
+        budget = self._byte_budget()
+        if budget is None or not isinstance(grad, torch.Tensor) or grad.dim() == 0 \
+                or not bool(grad.any()):
+            return
+        self._outside_said = True
+        warnings.warn(
+            f"fxckpt: this step runs autograd code after its compiled graphs (an "
+            f"output layer or loss left outside torch.compile, or code between "
+            f"graph breaks): what it holds is not counted in the budget of "
+            f"{format_bytes(budget)}, and on the CPU no step's peak can be read to "
+            f"correct for it, so the step may exceed the budget by that much. Compile "
+            f"that code too, or leave it room in the budget (on a CUDA device the "
+            f"step's measured peak is corrected for)", stacklevel=3)
 
     def forward_only_step_ended(self) -> None:
         """A step's forward ran and no backward will (``fxckpt.explain``'s
