@@ -249,8 +249,8 @@ class Backend:
 
     def _on_backward(self, first: bool, grad) -> None:
         """A graph's backward began (``first``: the step's first backward,
-        ``grad`` what reached the graph's output). Where a graph of the first step ran at
-        its floor over the budget (and no fallback regions, which
+        ``grad`` what reached the graph's output). Where a graph of the
+        first step ran at its floor over the budget (and no fallback regions, which
         ``fxckpt.compile`` checks at its own step boundary, are in the step),
         the step is checked as soon as this backward ends, so a budget below
         the step's floor is refused from the first ``backward()``. A watched

@@ -100,6 +100,7 @@ def step_peak(forward_code: str, backward_code: str | None,
         kept = {walk.names[name] for name in returned if name in walk.names}
         walk.keep_only(kept)
         forward_peak, held = walk.peak, walk.level
+        saved_bytes = None
         if backward_code is not None:
             backward = _call_body(backward_code)
             inputs = _ARGS.match(backward[0])[1].split(", ")
@@ -120,8 +121,7 @@ def step_peak(forward_code: str, backward_code: str | None,
             walk.run(backward[1:])
     except _Unreadable:
         return None
-    return CompiledPeak(walk.peak, forward_peak, held,
-                        saved_bytes if backward_code is not None else None)
+    return CompiledPeak(walk.peak, forward_peak, held, saved_bytes)
 
 
 def _on_cpu(body: list[str]) -> bool:
