@@ -355,34 +355,55 @@ class Backend:
         return True
 
     def _on_new_step(self) -> None:
-        """A step ended: after the first one, if its graphs, run as often as
-        they were, and the fallback regions hold more than the budget
-        allows, re-plan them once, together."""
+        """A step ended. A step measured over the byte budget is corrected
+        for (``_correct_for_measured``); else the first step is checked
+        against the budget once (``_check_first_step``)."""
         budget = self._byte_budget()
         measured, self._measured = self._measured, None
-        if budget is None or (self._first_step_checked and measured is None):
+        if budget is None:
             return
-        self._first_step_checked = True
+        if measured is not None:
+            self._first_step_checked = True
+            self._correct_for_measured(*measured)
+        elif not self._first_step_checked:
+            self._first_step_checked = True
+            self._check_first_step()
+
+    def _predicted_step(self) -> tuple[int, int]:
+        """The last step as its current plans and the fallback regions'
+        choices hold it: the memory model's peak, and the bytes the regions
+        reserve."""
         regions = self.regions.choices() if self.regions is not None else []
         reserved = sum((r.floor if r.at_floor else r.policy)[1] for r in regions)
         items, sequence = step_items(*self._step_graphs(current=True), regions,
                                      [r.at_floor for r in regions])
-        model = step_peak([0] * len(items), items, 0, sequence)
+        return step_peak([0] * len(items), items, 0, sequence), reserved
+
+    def _correct_for_measured(self, peak: int, device) -> None:
+        """A step measured at ``peak``, over the budget: keep aside what the
+        memory model did not read, say so, and re-plan the step."""
+        budget = self._byte_budget()
+        model, _ = self._predicted_step()
+        self._over_budget = False
+        kept = max(self.unmodelled_bytes, peak - model)
+        if model + self.unmodelled_bytes <= budget:
+            # The plans were to fit with what was kept: the rest of the
+            # excess happened where the model reads less than its peak.
+            kept = max(kept, self.unmodelled_bytes + peak - budget)
+        self.unmodelled_bytes = kept
+        self._corrections += 1
+        warnings.warn(over_budget_warning(peak, budget, model, kept, device, format_bytes),
+                      stacklevel=3)
+        self.replan()
+
+    def _check_first_step(self) -> None:
+        """The first step: if its graphs, run as often as they were, and the
+        fallback regions hold more than the budget allows (or a graph ran at
+        its floor over it), re-plan them once, together."""
+        budget = self._byte_budget()
+        model, reserved = self._predicted_step()
         predicted = model + self.unmodelled_bytes
         over_budget, self._over_budget = self._over_budget, False
-        if measured is not None:
-            peak, device = measured
-            kept = max(self.unmodelled_bytes, peak - model)
-            if predicted <= budget:
-                # The plans were to fit with what was kept: the rest of the
-                # excess happened where the model reads less than its peak.
-                kept = max(kept, self.unmodelled_bytes + peak - budget)
-            self.unmodelled_bytes = kept
-            self._corrections += 1
-            warnings.warn(over_budget_warning(peak, budget, model, kept, device, format_bytes),
-                          stacklevel=2)
-            self.replan()
-            return
         if predicted <= budget and not over_budget:
             return
         runs = {e.runs for e in self.ledger.run_order()}
@@ -394,7 +415,7 @@ class Backend:
                    if reserved else "")
                 + f": its graphs ran {', '.join(map(str, sorted(runs))) or 'no'} time(s) each, "
                 "which their plans could not know; re-planning the step once for the steps "
-                "after it (see each plan's notes and compiled.fxckpt_report)", stacklevel=2)
+                "after it (see each plan's notes and compiled.fxckpt_report)", stacklevel=3)
         self.replan()
 
     def _check_sizes(self, check: SizeCheck, args) -> None:
