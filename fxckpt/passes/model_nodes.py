@@ -46,6 +46,9 @@ class ModelNode:
     reduction: bool = False
     op: str = ""
     cpu: bool = False
+    # An input's mutation (``_input_mutation``): in forward only, as
+    # AOTAutograd's extraction places mutations outside backward.
+    forward_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     elif node.op == "call_function":
         kind = "op"
         target = node.target
-        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable \
+                and not _input_mutation(node, profile):
             return None
     elif node.op == "get_attr":
         # A tensor constant (HF T5's): AOTAutograd's extraction copies it
@@ -148,7 +152,23 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
         allocates=kind == "op" and made > 0,
         fuses=fuses(node), reduction=is_reduction(node),
         op=getattr(node.target, "__name__", "") if kind == "op" else "",
-        cpu=node_device == "cpu")
+        cpu=node_device == "cpu",
+        forward_only=kind == "op" and node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable)
+
+
+def _input_mutation(node: fx.Node, profile: Profile) -> bool:
+    """An input's mutation as AOTAutograd keeps it in a training graph
+    (``keep_inference_input_mutations``): a forward ``copy_`` into a primal
+    that nothing reads (batch norm's running statistics). It writes the
+    input's storage, which no graph counts, and holds its source until it
+    runs, as any op reading it does; forward runs it, backward never (the
+    joint graph places it after backward's ops)."""
+    info = profile.nodes.get(node.name)
+    return (node.target is torch.ops.aten.copy_.default and not node.users
+            and info is not None and info.phase != BACKWARD
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"
+            and node.args[0].name.startswith("primals"))
 
 
 def _aliases(own: tuple, inputs: list, view_of: int | None = None) -> tuple:

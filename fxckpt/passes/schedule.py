@@ -84,6 +84,8 @@ class ScheduleModel(KeyWalk):
         self.primals = [i for i, n in enumerate(nodes) if n.kind == "primal"]
         self.tangents = [i for i, n in enumerate(nodes) if n.kind == "tangent"]
         self.not_ops = {i for i, n in enumerate(nodes) if n.kind != "op"}
+        # Input mutations: AOTAutograd's extraction keeps them out of backward.
+        self.forward_only = {i for i, n in enumerate(nodes) if n.forward_only}
         self.storages = [n.storages for n in nodes]
         # Kept by dead-code elimination (random ops too), by the backward
         # schedule (random ops not): see _impure.
@@ -377,7 +379,7 @@ class ScheduleModel(KeyWalk):
         # The order holds copies (never generator states) and the joint
         # graph's nodes: ops, and the others (graph inputs) never kept.
         valid, kept = set(placeholders), []
-        skipped = valid | self.not_ops
+        skipped = valid | self.not_ops | self.forward_only
         for key in order:
             if key not in skipped and valid.issuperset(inputs[key]):
                 valid.add(key)
