@@ -9,6 +9,7 @@ one process per model:
     python examples/hf_architectures.py qwen2,mixtral,t5 checkpointed
     python examples/hf_architectures.py vit,swin,convnext,whisper,deberta_v2,modernbert,gemma3,qwen3_moe,deepseek_v3,gpt_oss,olmoe,clip,mamba eager
     python examples/hf_architectures.py wav2vec2 fallback
+    python examples/hf_architectures.py resnet,mobilenet_v2,regnet eager
 
 (the names MODELS holds; GPT-Neo, Gemma2, Bloom and T5 with eager
 attention, the others with sdpa; llama_bias: Llama with biases in its
@@ -232,6 +233,16 @@ MODELS = {
     "convnext": _other("ConvNextConfig", "ConvNextForImageClassification", _images,
                        ("pixel_values", "labels"), hidden_sizes=[16, 32], depths=[2, 2],
                        num_stages=2, image_size=32, drop_path_rate=0.1, num_labels=10),
+    # Batch norm in training (its running statistics updated in forward).
+    "resnet": _other("ResNetConfig", "ResNetForImageClassification", _images,
+                     ("pixel_values", "labels"), embedding_size=16, hidden_sizes=[16, 32, 64],
+                     depths=[1, 2, 1], layer_type="bottleneck", num_labels=10),
+    "mobilenet_v2": _other("MobileNetV2Config", "MobileNetV2ForImageClassification", _images,
+                           ("pixel_values", "labels"), depth_multiplier=0.35, image_size=32,
+                           classifier_dropout_prob=0.1, num_labels=10),
+    "regnet": _other("RegNetConfig", "RegNetForImageClassification", _images,
+                     ("pixel_values", "labels"), embedding_size=16, hidden_sizes=[16, 32, 64],
+                     depths=[1, 2, 1], groups_width=8, num_labels=10),
     "whisper": _other("WhisperConfig", "WhisperForConditionalGeneration",
                       lambda: (torch.randn(2, 16, 128), torch.randint(2, V, (2, 32))),
                       ("input_features", "labels"), vocab_size=V, num_mel_bins=16,
