@@ -202,22 +202,27 @@ class ScheduleModel(KeyWalk):
         for order in self.orders:
             grown = self._grown(kept, needed, pairs) if order else set()
             if last is not None and _peaked_before(grown, *last):
-                # The sunk order runs the unsunk one's steps up to its first
-                # grown node, each freeing what it freed (the same steps
-                # follow, in another order): it peaks no lower. (Most plans:
-                # all 42 of the 8-layer compile-suite GPT's frontier.)
+                # The sunk order runs the unsunk one's steps up to where the
+                # unsunk one began its first grown node (the copies it reads
+                # run there too, just in time), each freeing at most what it
+                # freed (the same steps follow, in another order): it peaks
+                # no lower. (Most plans: all 42 of the 8-layer compile-suite
+                # GPT's frontier.)
                 break
+            begun: dict = {}
             bwd, after = self._scheduled(kept, needed, inputs, placeholders, outputs, pairs,
-                                         elements, grown)
+                                         elements, grown, begun)
             walked = walk.copy()
-            sequence = [k for p in placeholders for k in (p, *after.get(p, ()))] + bwd
+            sequence = [k for p in placeholders for k in (p, *after.get(p, ()))]
+            begun = {key: len(sequence) + step for key, step in begun.items()}
+            sequence += bwd
             # Autograd holds the incoming gradients until backward returns.
             peaked = self._run(sequence, reads, self._refs(outputs + tangents), walked,
                                "backward", outside, set(),
                                self._inlined(sequence, inputs, outputs, pairs, outside))
             if best is None or walked.peak < best.peak:
                 best, sink = walked, order
-            last = sequence, peaked
+            last = begun, peaked
         return ModelTimeline(best.peak, best.peak_at, fused=self.fused, sink_growing=sink,
                              held_at_backward=held)
 
@@ -409,18 +414,23 @@ class ScheduleModel(KeyWalk):
         return used, kept, needed, elements
 
     def _scheduled(self, kept: list, needed: set, inputs, placeholders: list, outputs: list,
-                   pairs: set, elements: dict, grown: set):
+                   pairs: set, elements: dict, grown: set, begun: dict):
         """One backward order of what ``_backward`` keeps: the sunk one where
-        ``grown`` (``_grown``) is not empty. Up to the first grown node the
-        two orders run the same steps: every choice before it is the
-        unsunk order's (inputs sorted grown-last only where one is among
-        them)."""
+        ``grown`` (``_grown``) is not empty. Up to where the unsunk order
+        begins the first grown node (the copies it reads first) the two
+        orders run the same steps: every choice before it is the unsunk
+        order's (inputs sorted grown-last only where one is among them).
+        ``begun`` gets the step at which each node of the order (after the
+        placeholders' elements) began: its own, or its first input's placed
+        on its behalf."""
         emitted: set = set(placeholders)
         sequence: list = []
 
         def emit(key) -> None:
             if key in emitted:
                 return
+            if key not in starts:
+                starts[key] = len(sequence)
             # A grown input last: it is not held while recomputes run.
             # (Most inputs were emitted already: each call checked first,
             # sorted only where one is grown.)
@@ -439,6 +449,7 @@ class ScheduleModel(KeyWalk):
                         emit(element)
 
         after = {}  # placeholder -> its elements, taken out right after it
+        starts: dict = {}
         for p in placeholders:
             sequence = []
             for element in elements.get(p, ()):
@@ -446,6 +457,7 @@ class ScheduleModel(KeyWalk):
             if sequence:
                 after[p] = sequence
         sequence = []
+        starts = begun
         for key in kept:
             if key in needed and key not in grown \
                     and not (key.__class__ is Key and key.kind != "state"):
@@ -493,10 +505,11 @@ class ScheduleModel(KeyWalk):
         live = _ancestors(roots + impure, self.forward_inputs, self.forward_live)
         return [i for i in kept if i in live], outputs
 
-def _peaked_before(grown: set, sequence: list, peaked: int | None) -> bool:
-    """Whether a walk of ``sequence`` that peaked at its step ``peaked``
-    (None: before it) peaked before the first of ``grown`` in it."""
-    return peaked is None or grown.isdisjoint(sequence[:peaked + 1])
+def _peaked_before(grown: set, begun: dict, peaked: int | None) -> bool:
+    """Whether a walk that peaked at its step ``peaked`` (None: before it)
+    peaked before it began any of ``grown`` (``begun``: the step each node
+    began at, the copies placed for it included)."""
+    return peaked is None or all(begun.get(key, peaked + 1) > peaked for key in grown)
 
 
 def _pick(value, step: int, copies: dict, begins: dict):
