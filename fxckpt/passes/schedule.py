@@ -449,7 +449,7 @@ class ScheduleModel(KeyWalk):
                         emit(element)
 
         after = {}  # placeholder -> its elements, taken out right after it
-        starts: dict = {}
+        starts: dict = {}   # where emit records each key's start: ``begun`` after these
         for p in placeholders:
             sequence = []
             for element in elements.get(p, ()):
