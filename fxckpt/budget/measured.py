@@ -90,3 +90,22 @@ def still_over_warning(peak: int, budget: int, device: torch.device, format_byte
             f"corrected for what the memory model does not see; no more corrections are "
             f"made. Lower the budget by {excess} bytes to keep the step within "
             f"{format_bytes(budget)}.")
+
+
+def made_after_the_graphs(grad) -> bool:
+    """Whether the gradient reaching a step's first backward was made by
+    autograd code after the compiled graphs (an output layer or loss left
+    eager): not a loss's seed (a scalar), not the zeros of an output the
+    loss does not use."""
+    return isinstance(grad, torch.Tensor) and grad.dim() > 0 and bool(grad.any())
+
+
+def uncounted_outside_warning(budget: int, format_bytes) -> str:
+    """On the CPU, where no step's peak can be read: code after the graphs
+    holds memory the budget does not count."""
+    return (f"fxckpt: this step runs autograd code after its compiled graphs (an output "
+            f"layer or loss left outside torch.compile, or code between graph breaks): "
+            f"what it holds is not counted in the budget of {format_bytes(budget)}, and on "
+            f"the CPU no step's peak can be read to correct for it, so the step may exceed "
+            f"the budget by that much. Compile that code too, or leave it room in the "
+            f"budget (on a CUDA device the step's measured peak is corrected for)")

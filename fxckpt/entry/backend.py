@@ -13,8 +13,9 @@ import torch.fx as fx
 from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
-from fxckpt.budget.measured import (StepPeakWatch, cuda_device, over_budget_warning,
-                                     still_over_warning)
+from fxckpt.budget.measured import (StepPeakWatch, cuda_device, made_after_the_graphs,
+                                     over_budget_warning, still_over_warning,
+                                     uncounted_outside_warning)
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory.model import at_sizes, storage_key
@@ -267,24 +268,15 @@ class Backend:
         torch.autograd.Variable._execution_engine.queue_callback(self._first_backward_ended)
 
     def _said_outside(self, grad) -> None:
-        """Where no step's peak can be read (the CPU) under a byte budget:
-        a step whose first backward begins with a gradient made by code after
-        the compiled graphs (not a loss's seed, a scalar; not the zeros of
-        an output the loss does not use) runs autograd code the budget does
-        not count -- an output layer or loss left eager. Said once."""
+        """Where no step's peak can be read (the CPU) under a byte budget: a
+        step whose first backward begins with a gradient made after the
+        compiled graphs runs autograd code the budget does not count. Said
+        once."""
         budget = self._byte_budget()
-        if budget is None or not isinstance(grad, torch.Tensor) or grad.dim() == 0 \
-                or not bool(grad.any()):
+        if budget is None or not made_after_the_graphs(grad):
             return
         self._outside_said = True
-        warnings.warn(
-            f"fxckpt: this step runs autograd code after its compiled graphs (an "
-            f"output layer or loss left outside torch.compile, or code between "
-            f"graph breaks): what it holds is not counted in the budget of "
-            f"{format_bytes(budget)}, and on the CPU no step's peak can be read to "
-            f"correct for it, so the step may exceed the budget by that much. Compile "
-            f"that code too, or leave it room in the budget (on a CUDA device the "
-            f"step's measured peak is corrected for)", stacklevel=3)
+        warnings.warn(uncounted_outside_warning(budget, format_bytes), stacklevel=3)
 
     def forward_only_step_ended(self) -> None:
         """A step's forward ran and no backward will (``fxckpt.explain``'s

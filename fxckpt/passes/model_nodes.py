@@ -107,6 +107,7 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     ``storages``: its numbered storages; ``node_device``: its device type;
     ``impure``: its purity, read once per op; ``view_arguments``:
     ``_view_arguments`` of its op, read once per op."""
+    mutates = False   # an in-place op: only an input's mutation is covered
     if node.op == "placeholder":
         if node.name.startswith("primals"):
             kind = "primal"
@@ -117,8 +118,8 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     elif node.op == "call_function":
         kind = "op"
         target = node.target
-        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable \
-                and not _input_mutation(node, profile):
+        mutates = isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+        if mutates and not _input_mutation(node, profile):
             return None
     elif node.op == "get_attr":
         # A tensor constant (HF T5's): AOTAutograd's extraction copies it
@@ -153,8 +154,7 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
         fuses=fuses(node), reduction=is_reduction(node),
         op=getattr(node.target, "__name__", "") if kind == "op" else "",
         cpu=node_device == "cpu",
-        forward_only=kind == "op" and node.op == "call_function"
-        and isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable)
+        forward_only=mutates)
 
 
 def _input_mutation(node: fx.Node, profile: Profile) -> bool:
