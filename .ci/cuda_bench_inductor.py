@@ -1,4 +1,4 @@
-"""Device check (issue 17 item 3): the bench table's Inductor rows on one
+"""Device check: the bench table's Inductor rows on one
 model -- torch.compile default, per-block checkpoint, activation_memory_budget
 0.5/0.25/0, and fxckpt default and at each of those rows' measured peaks --
 with the eager and save-all references.

@@ -1,4 +1,4 @@
-"""Device check (issue 17 items 2 and 5): one zoo model built on CUDA, under
+"""Device check: one zoo model built on CUDA, under
 compiler="eager" and "inductor": the floor and default plans, five byte
 budgets between their predicted peaks; per budget the allocator's measured
 step peak against the plan's prediction and the budget, and loss and

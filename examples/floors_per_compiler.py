@@ -36,7 +36,7 @@ class Step(torch.nn.Module):
 
 
 def floor(name: str, compiler: str) -> int | None:
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, inputs, loss_fn = fresh(ZOO[name])
     try:
         fxckpt.explain(Step(model, loss_fn), *inputs, budget=1, compiler=compiler)
@@ -47,7 +47,7 @@ def floor(name: str, compiler: str) -> int | None:
 
 def compiled_step(name: str, **options) -> tuple[int, int]:
     """(sum of the plans' peaks, measured peak of the second step)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     model, inputs, loss_fn = fresh(ZOO[name])
     be = fxckpt.backend(**options)
     step = torch.compile(Step(model, loss_fn), backend=be)

@@ -1,6 +1,10 @@
 """fxckpt: automatic, budgeted, correct activation checkpointing for PyTorch."""
 
-from fxckpt import policies
+from fxckpt.compat.releases import warn_if_untested
+
+warn_if_untested()
+
+from fxckpt import policies  # noqa: E402
 from fxckpt.entry.backend import backend
 from fxckpt.entry.compile import compile
 from fxckpt.eager.checkpoint import checkpoint, checkpoint_sequential

@@ -4,7 +4,7 @@ holds when Dynamo runs one compiled graph several times.
 What the backend is given on each rank (torch 2.13):
 
 - FSDP2, ``fully_shard`` per block and ``torch.compile`` on the model: FSDP's
-  hooks are ``torch._dynamo.disable``d, so its all-gathers and reduce-scatters
+  hooks are ``torch.compiler.disable``d, so its all-gathers and reduce-scatters
   run eagerly, outside every graph, and each block call breaks the graph. The
   break sits inside the model's ``for block in blocks`` loop, so Dynamo runs
   the model's own forward (embeddings, head) eagerly and compiles the block's
@@ -34,6 +34,8 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 import torch.distributed as dist
 
+from fxckpt.compat.dynamo import is_boxed, mark_boxed
+from fxckpt.compat.ops import is_fake
 from fxckpt.errors import BudgetError, FxckptError
 from fxckpt.options import format_bytes
 from fxckpt.report.plan import Plan
@@ -140,17 +142,17 @@ class GraphRuns:
                 for compiled, plan in self._graphs]
 
     def _recorded(self, compiled, index: int):
-        boxed = getattr(compiled, "_boxed_call", False)
+        boxed = is_boxed(compiled)
 
         def run(*args):
             flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-            if any(isinstance(a, torch._subclasses.FakeTensor) for a in flat):
+            if any(is_fake(a) for a in flat):
                 return compiled(*args)
             self.order.append(index)
             with (self.around() if self.around else contextlib.nullcontext()):
                 return compiled(*args)
 
-        run._boxed_call = boxed
+        mark_boxed(run, boxed)
         return run
 
     def new_step(self) -> None:

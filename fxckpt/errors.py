@@ -40,11 +40,11 @@ def surface_through_dynamo(error: FxckptError) -> FxckptError:
     """The same error, of a class Dynamo re-raises as it is instead of wrapping
     it in BackendCompilerFailed, so ``except fxckpt.BudgetError`` works
     around ``torch.compile``. Still an instance of the original class."""
-    from torch._dynamo.exc import ShortenTraceback
+    from fxckpt.compat.dynamo import surfacing_error_class
 
     cls = type(error)
     if cls not in _SURFACED:
-        _SURFACED[cls] = type(cls.__name__, (cls, ShortenTraceback),
+        _SURFACED[cls] = type(cls.__name__, (cls, surfacing_error_class()),
                               {"__module__": cls.__module__})
     surfaced = Exception.__new__(_SURFACED[cls])
     surfaced.args = error.args

@@ -50,14 +50,14 @@ def _named(tensor: torch.Tensor, value_name: str) -> torch.Tensor:
 def _producer_node(tensor: torch.Tensor):
     """The fx node being traced for ``tensor``, or None outside make_fx tracing
     (Dynamo's fake run, AOTAutograd's metadata pass, plain eager)."""
-    from torch._subclasses.functional_tensor import FunctionalTensor
     from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+    from fxckpt.compat.ops import unwrapped_functional
 
     mode = get_proxy_mode()
     if mode is None:
         return None
-    if isinstance(tensor, FunctionalTensor):
-        tensor = torch._from_functional_tensor(tensor.elem)
+    tensor = unwrapped_functional(tensor)
     slot = get_proxy_slot(tensor, mode.tracer, None)
     return slot.proxy.node if slot is not None else None
 

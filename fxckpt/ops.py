@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._library.utils import is_impure
 
+from fxckpt.compat.aot import partitioner_op_lists
+from fxckpt.compat.ops import (HigherOrderOperator, OpOverload, is_impure, is_mutable,
+                               overload_name, qualified_name, schema)
 from fxckpt.types import RematKind
 
 aten = torch.ops.aten
@@ -51,12 +52,12 @@ def is_matmul_op(op) -> bool:
 
 
 def is_random_op(op) -> bool:
-    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+    return isinstance(op, OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
 
 
 def packet(node: fx.Node):
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return target.overloadpacket
     return None
 
@@ -67,8 +68,8 @@ def op_name(node: fx.Node) -> str:
     if node.op == "get_attr":
         return "constant"
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    if isinstance(target, OpOverload):
+        return f"{target.namespace}.{schema(target).name.split('::')[-1]}.{overload_name(target)}"
     if target is operator.getitem:
         return f"getitem[{node.args[1]}]"
     return getattr(target, "__name__", str(target))
@@ -76,12 +77,12 @@ def op_name(node: fx.Node) -> str:
 
 def is_view(node: fx.Node) -> bool:
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
+    return isinstance(target, OpOverload) and target.is_view
 
 
 def is_pointwise(node: fx.Node) -> bool:
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+    return isinstance(target, OpOverload) and torch.Tag.pointwise in target.tags
 
 
 def is_random(node: fx.Node) -> bool:
@@ -94,7 +95,7 @@ def is_seed_draw(node: fx.Node) -> bool:
     saving the seeds replays them exactly."""
     # Matched by name: Inductor registers the op when it is first imported.
     target = node.target
-    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+    return (node.op == "call_function" and isinstance(target, OpOverload)
             and target.namespace == "prims" and target.__name__ == "inductor_seeds.default")
 
 
@@ -108,7 +109,7 @@ def is_matmul(node: fx.Node) -> bool:
 
 def is_collective(node: fx.Node) -> bool:
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and \
+    return isinstance(target, OpOverload) and \
         target.namespace in ("_c10d_functional", "c10d_functional", "c10d", "_dtensor")
 
 
@@ -116,7 +117,7 @@ def is_custom_op(node: fx.Node) -> bool:
     """An operator from outside torch's and fxckpt's own namespaces
     (torch.library.custom_op, TORCH_LIBRARY)."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.namespace not in PURE_NAMESPACES
+    return isinstance(target, OpOverload) and target.namespace not in PURE_NAMESPACES
 
 
 def not_recomputable_reason(node: fx.Node, *, rerun_custom: bool = False) -> str:
@@ -137,13 +138,13 @@ def not_recomputable_reason(node: fx.Node, *, rerun_custom: bool = False) -> str
         return not_recomputable_reason(node.args[0])
     if is_collective(node):
         return "collective communication (recomputing it would communicate again)"
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return f"higher-order op {target.name()} (fxckpt does not recompute it)"
-    if isinstance(target, torch._ops.OpOverload):
-        if target._schema.is_mutable:
+    if isinstance(target, OpOverload):
+        if is_mutable(target):
             return "mutates its input in place"
         if target.namespace not in PURE_NAMESPACES and not rerun_custom:
-            return (f"custom op {target.namespace}::{target._schema.name.split('::')[-1]} "
+            return (f"custom op {target.namespace}::{schema(target).name.split('::')[-1]} "
                     "(fxckpt cannot know it is deterministic, so it runs it twice only "
                     "inside a torch.utils.checkpoint or fxckpt.checkpoint region, as "
                     "torch does)")
@@ -262,12 +263,6 @@ _CLASSED_AS = {"fxckpt::dropout_mask": aten.native_dropout,
                "fxckpt::apply_dropout_mask": aten.mul}
 
 
-@functools.cache
-def _partitioner_ops():
-    from torch._functorch.partitioners import get_default_op_list
-    return get_default_op_list()
-
-
 class PerOp:
     """``read(node)`` for the nodes of one graph, read once per op overload
     (where the op alone decides it) and each time for other targets, and
@@ -281,7 +276,7 @@ class PerOp:
 
     def __call__(self, node: fx.Node):
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload) \
+        if not isinstance(target, OpOverload) \
                 or (self._unless is not None and self._unless(target)):
             return self._read(node)
         try:
@@ -333,9 +328,9 @@ class RematKinds:
 def _remat_classes(node: fx.Node) -> tuple[bool, bool, bool, bool]:
     """(view, fusible, allowed, fuses_inputs) of ``node``'s op (its target
     alone decides them)."""
-    lists = _partitioner_ops()
+    lists = partitioner_op_lists()
     target = packet(node) or node.target
-    target = _CLASSED_AS.get(getattr(target, "_qualified_op_name", None), target)
+    target = _CLASSED_AS.get(qualified_name(target), target)
     return (target in lists.view_ops, target in lists.fusible_ops,
             target in lists.recomputable_ops, target is aten.cat)
 
@@ -391,15 +386,15 @@ def op_kind(func) -> OpKind:
     """What an op does to its arguments, as the eager checkpoint needs to know."""
     kind = _kinds.get(func)
     if kind is None:
-        schema = getattr(func, "_schema", None)
-        if schema is None:  # a higher-order operator
+        found = schema(func) if isinstance(func, OpOverload) else None
+        if found is None:  # a higher-order operator
             kind = OpKind(writes=False, aliases=True, random=False)
         else:
             kind = OpKind(
                 writes=func in UNDECLARED_WRITES or any(
                     a.alias_info is not None and a.alias_info.is_write
-                    for a in schema.arguments),
-                aliases=any(r.alias_info is not None for r in schema.returns),
+                    for a in found.arguments),
+                aliases=any(r.alias_info is not None for r in found.returns),
                 random=is_random_op(func))
         _kinds[func] = kind
     return kind

@@ -87,7 +87,7 @@ def split_point(at: str) -> tuple[Phase, str]:
 
 @dataclass(frozen=True)
 class RematKind:
-    """How torch's min-cut partitioner (torch._functorch.partitioners) sees
+    """How torch's min-cut partitioner (functorch's partitioners) sees
     one op, so that a reference strategy can plan as torch.compile does."""
 
     view: bool = False          # on its list of views: never banned from recompute

@@ -37,7 +37,7 @@ def _loss(y):
     return y.square().mean()
 
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 # -- budgets ---------------------------------------------------------------

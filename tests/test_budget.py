@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover
     from test_memory_model import Step, measured_and_predicted
     from zoo import ZOO
 
+pytestmark = pytest.mark.releases
+
 
 def _floor_and_optimal():
     model, inputs, loss_fn = fresh(ZOO["gpt"])

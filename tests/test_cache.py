@@ -57,6 +57,7 @@ def _stored(directory: Path) -> list[Path]:
     return sorted(directory.rglob("*.pickle")) if directory.exists() else []
 
 
+@pytest.mark.releases
 # -- the key -----------------------------------------------------------------
 
 def test_key_is_the_same_in_another_process(tmp_path, monkeypatch):
@@ -201,6 +202,7 @@ def test_unkeyable_policy_function_is_planned_afresh_with_a_note(plan_cache):
     assert not any("not cached" in note for note in backend.plans[0].notes)
     assert len(_stored(plan_cache)) == 1
 
+@pytest.mark.releases
 
 def test_recompile_follows_the_stored_decision(plan_cache):
     made = []

@@ -22,6 +22,8 @@ from fxckpt.policies import save_matmuls
 
 from opcount import OpCounter
 
+pytestmark = pytest.mark.releases
+
 aten = torch.ops.aten
 
 

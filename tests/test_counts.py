@@ -22,6 +22,8 @@ except ImportError:  # pragma: no cover
     from opcount import OpCounter
     from zoo import ZOO
 
+pytestmark = pytest.mark.releases
+
 # Ops whose aten packet does not identify one graph node: detach is emitted by
 # autograd itself, getitem is not an aten op.
 IGNORE = {torch.ops.aten.detach}

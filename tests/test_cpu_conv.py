@@ -14,6 +14,8 @@ import fxckpt
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError
 
+pytestmark = pytest.mark.releases
+
 
 def _traced_op(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -63,8 +65,10 @@ def _outputs_bytes(out) -> int:
                                   "channels_last_forward", "conv1d_backward"])
 def test_convolution_scratch_is_what_the_allocator_sees(case):
     """The scratch counted is the call's measured peak less its outputs.
-    The channels-last depthwise backward holds 806,016 bytes at one thread,
-    where the rule before counted the copies of its operands (19,520)."""
+    The channels-last depthwise backward holds many times its operands at
+    one thread (806,016 bytes on one machine, 203,904 on another: the CPU's
+    kernels decide), where the
+    rule before counted the copies of its operands (19,520)."""
     from fxckpt.memory.model import workspace_bytes
     torch.set_num_threads(1)
     fn, args = _case(case)
@@ -73,7 +77,7 @@ def test_convolution_scratch_is_what_the_allocator_sees(case):
     measured = measure_peak_bytes(lambda: fn(*args))
     assert measured - _outputs_bytes(fn(*args)) == workspace_bytes(node) > 0
     if case == "depthwise_channels_last_backward":
-        assert workspace_bytes(node) > 40 * sum(a.untyped_storage().nbytes() for a in args)
+        assert workspace_bytes(node) > 8 * sum(a.untyped_storage().nbytes() for a in args)
 
 
 def test_convolution_scratch_is_measured_while_a_profiler_runs():

@@ -109,6 +109,7 @@ def assert_within_budget(result: dict) -> None:
         assert planned * 0.95 <= measured <= planned * 1.01, (step, measured, planned)
 
 
+@pytest.mark.releases
 # --- FSDP2, the built-in GPT ---------------------------------------------------
 
 def test_fsdp2_gpt_trains_bit_for_bit_as_without_fxckpt(ranks):

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover
     from opcount import OpCounter
 
 aten = torch.ops.aten
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

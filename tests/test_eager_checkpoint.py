@@ -53,7 +53,7 @@ class Recording:
         return decide
 
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 def _params(*shapes, seed=0):

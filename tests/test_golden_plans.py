@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import fxckpt
+from fxckpt.compat.releases import at_least
 from fxckpt.models import make_model
 
 try:
@@ -28,6 +29,8 @@ try:
 except ImportError:  # pragma: no cover
     from golden_graphs import graphs
     from harness import assert_bitwise_equal, run_step, torch_saved
+
+pytestmark = pytest.mark.releases
 
 RUNTIME_OPTIMAL = {
     # fc1 -> relu -> sin -> fc2 -> tanh -> sum. Backward reads relu's output
@@ -66,6 +69,25 @@ RUNTIME_OPTIMAL = {
         recomputed=["expand_2", "t_1", "view", "view_6", "view_8", "view_9"],
         saved_bytes=57344, peak_bytes=91144),
 }
+
+# torch 2.15 ends F.linear on a 3-D input in _unsafe_view where 2.13 and
+# 2.14 have view (the attention's projections: read as the views they are,
+# passes/reshapes.py), which numbers the graph's later _unsafe_view and view
+# nodes anew: the same plan, under the names that graph gives its values.
+NAMES_FROM_2_15 = {
+    "attention": dict(
+        saved=["_softmax", "_unsafe_view_1", "_unsafe_view_2", "_unsafe_view_3",
+               "_unsafe_view_4", "addmm_1", "primals_1", "primals_2", "primals_3", "primals_4",
+               "primals_5"],
+        recomputed=["_unsafe_view_5", "expand_2", "t_1", "view", "view_5", "view_7"]),
+}
+
+
+def _named(name: str, golden: dict, key: str) -> list[str]:
+    if at_least("2.15") and name in NAMES_FROM_2_15:
+        return NAMES_FROM_2_15[name][key]
+    return golden[key]
+
 
 # compiler="inductor": the same graphs after Inductor's joint-graph passes
 # (decomposed: t -> permute, the attention's split / views renamed). The
@@ -127,8 +149,8 @@ def test_runtime_optimal_plan(name):
     gm, inputs = _traced(name)
     plan = fxckpt.explain(gm, *inputs, compiler="eager")
     golden = RUNTIME_OPTIMAL[name]
-    assert sorted(plan.saved) == golden["saved"]
-    assert sorted(plan.recomputed) == golden["recomputed"]
+    assert sorted(plan.saved) == _named(name, golden, "saved")
+    assert sorted(plan.recomputed) == _named(name, golden, "recomputed")
     assert plan.saved_bytes == golden["saved_bytes"]
     assert plan.peak_bytes == golden["peak_bytes"]
     # Under compiler="eager" the runtime-optimal plan recomputes views and
@@ -187,8 +209,8 @@ def test_plan_at_the_floor(name):
     assert refused.value.floor_bytes == golden["floor"]
     plan = fxckpt.explain(gm, *inputs, budget=golden["floor"], solver="ilp",
                           compiler="eager")
-    assert sorted(plan.saved) == golden["saved"]
-    assert sorted(plan.recomputed) == golden["recomputed"]
+    assert sorted(plan.saved) == _named(name, golden, "saved")
+    assert sorted(plan.recomputed) == _named(name, golden, "recomputed")
     assert sorted(plan.recomputed_again) == golden.get("again", [])
     assert plan.peak_bytes <= golden["floor"]
 

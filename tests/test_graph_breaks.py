@@ -39,7 +39,7 @@ D, BATCH = 64, 64
 KINDS = ["item", "print", "requires_grad", "disabled_hook"]
 
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,8 @@ try:
 except ImportError:  # pragma: no cover
     from harness import assert_close, run_step
 
+pytestmark = pytest.mark.releases
+
 
 @torch.library.custom_op("fxckpt_tests::mm", mutates_args=())
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,7 @@ def _recomputed_random(be) -> list[str]:
     return [n for plan in be.plans for n in plan.recomputed if "inductor_random" in n]
 
 
+@pytest.mark.releases
 @pytest.mark.parametrize("policy", list(POLICIES), ids=list(POLICIES))
 def test_recomputed_dropout_replays_inductor_native_rng(policy, reset_dynamo):
     assert not inductor_config.fallback_random
@@ -118,6 +119,7 @@ def test_zoo_policies_eager_compiler(name, policy, reset_dynamo):
     assert any(plan.recomputed for plan in be.plans)
     assert_bitwise_equal(ref, got)
 
+@pytest.mark.releases
 
 def test_explain_and_pareto_plan_what_the_default_backend_runs(reset_dynamo):
     model, inputs, loss_fn = _minimal()
@@ -143,6 +145,7 @@ def test_explain_and_pareto_plan_what_the_default_backend_runs(reset_dynamo):
                    fxckpt.pareto(model, *inputs, compiler="eager").runtime_optimal.saved)
 
 
+@pytest.mark.releases
 @pytest.mark.parametrize("name", ["mlp", "cnn_bn", "hf_gpt2", "multi_out_embed", "resnet_inplace",
                                   "user_checkpoint",
                                   pytest.param("gpt", marks=pytest.mark.slow),

@@ -17,6 +17,8 @@ from fxckpt.entry.backend import Backend
 
 from harness import DeviceCounters, read_as_on_a_device
 
+pytestmark = pytest.mark.releases
+
 
 class FakeAllocator:
     """torch.cuda's two counters, set by the test."""

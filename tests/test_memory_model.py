@@ -20,6 +20,8 @@ except ImportError:  # pragma: no cover
     from harness import fresh
     from zoo import ZOO, ZOO_NAMES
 
+pytestmark = pytest.mark.releases
+
 
 class Step(torch.nn.Module):
     """A model and its loss as one module, so one graph covers the step."""

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - run from inside tests/
 aten = torch.ops.aten
 
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 def call(op, *args, name="n", module_path="", value_names=(), output=None, inputs=()):

@@ -48,6 +48,7 @@ def floor_of(model, inputs, **options) -> int:
         fxckpt.explain(model, *inputs, budget=1, compiler="eager", **options)
     return refused.value.floor_bytes
 
+@pytest.mark.releases
 
 def test_recompiles_never_spend_the_budget():
     """A shorter last batch, an eval pass and back, another model explained:
@@ -69,6 +70,7 @@ def test_recompiles_never_spend_the_budget():
     fxckpt.explain(other, *inputs, compiler="eager")
     assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
 
+@pytest.mark.releases
 
 def test_explain_leaves_other_compiled_models_alone():
     calls = []
@@ -86,6 +88,7 @@ def test_explain_leaves_other_compiled_models_alone():
     compiled(*inputs)
     assert len(calls) == 1      # not compiled again: no global reset happened
 
+@pytest.mark.releases
 
 def test_per_block_compile_is_budgeted_for_the_step():
     """torchtitan's layout: each block compiled on its own, one graph serving
@@ -305,6 +308,7 @@ def _budget_error(run):
     assert isinstance(error, fxckpt.BudgetError)
     return error
 
+@pytest.mark.releases
 
 def test_the_step_floor_is_named_and_met_when_asked_for():
     """Two graphs: a budget below what any choice of their plans reaches is

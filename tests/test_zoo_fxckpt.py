@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - run from inside tests/
 SOLVERS = ["auto", "recompute_all"]
 
 
-pytestmark = pytest.mark.usefixtures("reset_dynamo")
+pytestmark = [pytest.mark.usefixtures("reset_dynamo"), pytest.mark.releases]
 
 
 @pytest.mark.parametrize("solver", SOLVERS)

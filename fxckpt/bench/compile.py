@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from fxckpt.compat.aot import functorch_config
 from fxckpt.bench.measure import using_threads
 
 WAYS = ("fxckpt_budget", "fxckpt_default", "torch_budget", "torch_default")
@@ -57,7 +58,7 @@ def _time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
     way's compile is timed cold, so Dynamo is reset around it."""
     import fxckpt
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     step, inputs = gpt_step(n_layer)
     plans = None
     if way.startswith("fxckpt"):
@@ -69,11 +70,11 @@ def _time_way(way: str, n_layer: int, compiler: str, budget: float) -> dict:
         backend = compiler
         amb = budget if way == "torch_budget" else 1.0
     compiled = torch.compile(step, backend=backend)
-    with torch._functorch.config.patch(activation_memory_budget=amb):
+    with functorch_config.patch(activation_memory_budget=amb):
         start, cpu_start = time.perf_counter(), _cpu_seconds()
         compiled(*inputs).backward()
         cpu, wall = _cpu_seconds() - cpu_start, time.perf_counter() - start
-    torch._dynamo.reset()
+    torch.compiler.reset()
     row = {"way": way, "seconds": cpu, "wall_seconds": wall}
     if plans is not None:
         row.update(fingerprints=[p.fingerprint for p in plans],

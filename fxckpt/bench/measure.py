@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 
+
 StepFn = Callable[[], Any]
 
 
@@ -98,11 +99,13 @@ def block_deltas(roots) -> list[int]:
     in the order they happened, the sizes of the CPU blocks allocated
     (positive) and of those freed again (negative); frees of blocks
     allocated before the profile are left out."""
-    allocation = torch._C._profiler._EventType.Allocation
+    # The event kind is read by name: this instrument imports nothing of
+    # fxckpt (not even its compat layer), so that it checks the memory model
+    # without sharing code with it.
     events, stack = [], list(roots)
     while stack:
         event = stack.pop()
-        if event.tag == allocation:
+        if getattr(event.tag, "name", None) == "Allocation":
             events.append(event)
         stack.extend(event.children)
     events.sort(key=lambda event: event.start_time_ns)  # stable for ties

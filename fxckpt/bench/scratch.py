@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from fxckpt.compat.ops import OpOverload
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.memory.model import device_type, tensor_bytes, workspace_bytes
 
@@ -76,7 +77,7 @@ def audit(graphs: list[fx.Graph]) -> list[OpScratch]:
     counts: dict[tuple, int] = {}
     for graph in graphs:
         for node in graph.nodes:
-            if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            if node.op != "call_function" or not isinstance(node.target, OpOverload):
                 continue
             device = device_type(node)
             if device not in ("cpu", "cuda"):

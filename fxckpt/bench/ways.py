@@ -22,6 +22,8 @@ import torch
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
+from fxckpt.compat.aot import aot_autograd, boxed_nop, functorch_config, torch_partitions
+from fxckpt.compat.inductor import inductor_config
 from fxckpt.entry.backend import Backend
 from fxckpt.options import Options
 
@@ -37,7 +39,7 @@ class Step(torch.nn.Module):
     Each Step's forward has a code object of its own. Dynamo keeps what it
     compiled per code object, so every Step compiles afresh, counts against
     no other Step's recompile limit, and leaves what Dynamo compiled before
-    (the caller's models) as it was: no ``torch._dynamo.reset()`` needed."""
+    (the caller's models) as it was: no ``torch.compiler.reset()`` needed."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable) -> None:
         super().__init__()
@@ -149,7 +151,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
             wrap_blocks(step.model, torch_checkpointed)
         scope = contextlib.nullcontext
         if way.torch_budget is not None:
-            scope = functools.partial(torch._functorch.config.patch,
+            scope = functools.partial(functorch_config.patch,
                                       activation_memory_budget=way.torch_budget)
         if way.backend == "inductor":
             # Compile caches off, as for fxckpt's Inductor way, so that
@@ -157,8 +159,7 @@ def build(way: Way, step: Step, *, budget_bytes: int | None = None) -> Built:
             return Built(torch.compile(step, backend="inductor"),
                          scope=functools.partial(_both, scope, _uncached_inductor))
         seconds: list[float] = []
-        from torch._functorch.partitioners import default_partition, \
-            min_cut_rematerialization_partition
+        default_partition, min_cut_rematerialization_partition = torch_partitions()
         partition = default_partition if way.reference else min_cut_rematerialization_partition
         return Built(torch.compile(step, backend=_aot_eager(_timed(partition, seconds))),
                      scope=scope, partition_seconds=seconds)
@@ -184,18 +185,13 @@ def _both(first, second):
 
 @contextlib.contextmanager
 def _uncached_inductor():
-    from torch._inductor import config as inductor_config
-
-    with torch._functorch.config.patch(enable_autograd_cache=False), \
+    with functorch_config.patch(enable_autograd_cache=False), \
             inductor_config.patch(fx_graph_cache=False):
         yield
 
 
 def _aot_eager(partition_fn, *, keep_inference_input_mutations: bool = True):
     """torch's aot_eager backend, with the given partitioner."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.debugging import boxed_nop
-
     return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop,
                         partition_fn=partition_fn,
                         keep_inference_input_mutations=keep_inference_input_mutations)

@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxckpt.compat.autograd import TorchDispatchMode
+from fxckpt.compat.ops import HigherOrderOperator, OpOverload
 from fxckpt.bench.measure import (measure_peak_bytes, measure_saved_bytes, synchronize,
                                   time_steps)
 from fxckpt.memory.model import tensor_bytes
@@ -141,10 +142,10 @@ class WorkCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         op, op_args, op_out = func, args, out
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if isinstance(func, HigherOrderOperator):
             # run_and_save_rng_state(op, *args) -> (state, out);
             # run_with_rng_state(state, op, *args) -> out
-            wrapped = [i for i, a in enumerate(args[:2]) if isinstance(a, torch._ops.OpOverload)]
+            wrapped = [i for i, a in enumerate(args[:2]) if isinstance(a, OpOverload)]
             if not wrapped:
                 return out
             op, op_args = args[wrapped[0]], args[wrapped[0] + 1:]
@@ -154,7 +155,7 @@ class WorkCounter(TorchDispatchMode):
         return out
 
     def _count(self, op, args, kwargs, out) -> None:
-        if not isinstance(op, torch._ops.OpOverload):
+        if not isinstance(op, OpOverload):
             return
         flops = op_flops(op, args, kwargs, out)
         moved = 0 if op.is_view else tensor_bytes((args, kwargs)) + tensor_bytes(out)

@@ -8,7 +8,7 @@ A budget is a promise about the step, not about one graph. So:
   batch, ``model.eval()`` and back, frozen parameters) gets a new compile
   id of the same frame, and only one of them runs per call. Graphs of one
   compile (DDP's buckets) run together and do add up.
-- A graph Dynamo drops (``torch._dynamo.reset()``, a cache eviction) leaves
+- A graph Dynamo drops (``torch.compiler.reset()``, a cache eviction) leaves
   the ledger: entries hold their graph's runner weakly.
 - A graph that runs r times per step (one block graph serving every block,
   FSDP2 per block, ``block.compile()``) holds r copies of what it saves.
@@ -42,6 +42,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from fxckpt.compat.dynamo import is_boxed, mark_boxed
+from fxckpt.compat.ops import is_fake
 from fxckpt.report.plan import Plan
 
 
@@ -314,12 +316,12 @@ class GraphRunner:
 
     def set_compiled(self, compiled) -> None:
         self.compiled = compiled
-        self._boxed_call = getattr(compiled, "_boxed_call", False)
+        mark_boxed(self, is_boxed(compiled))
 
     def __call__(self, *args):
         flat = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         if self.entry is None or not torch.is_grad_enabled() or \
-                any(isinstance(a, torch._subclasses.FakeTensor) for a in flat):
+                any(is_fake(a) for a in flat):
             # Inference, or DDPOptimizer's fake call while compiling: nothing held.
             return self.compiled(*args)
         if self.size_check is not None:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-from torch._C._autograd import SavedTensor, _make_saved_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import noop_context_fn
 
+from fxckpt.compat.autograd import (TorchDispatchMode, current_backward,
+                                    queue_at_backward_end, saved_tensor, unpacked)
+from fxckpt.compat.ops import pytree
 from fxckpt.eager.modes import OpLog, Recorder, RecomputeMismatchError, Replayer
 from fxckpt.eager.tensors import TensorMeta, describe_meta
 from fxckpt.eager.state import ModuleScope, RecomputeState
@@ -49,7 +49,7 @@ _DETERMINISM_CHECKS = ("default", "none")
 # saved-tensor hooks and dispatch modes): the call is a graph break and runs
 # eagerly, as does ``function`` (torch.compile'd code that ``function`` calls
 # still runs compiled).
-@torch._dynamo.disable
+@torch.compiler.disable
 def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
                context_fn: Callable[[], tuple] = noop_context_fn,
                determinism_check: str = "default", debug: bool = False,
@@ -89,7 +89,7 @@ def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)  # nothing is saved for backward
 
-    flat, spec = tree_flatten((args, kwargs))
+    flat, spec = pytree.tree_flatten((args, kwargs))
     tensors = [x for x in flat if isinstance(x, torch.Tensor)]
     state = RecomputeState.capture(tensors, preserve_rng_state=preserve_rng_state)
     options = _Options(check=determinism_check == "default",
@@ -198,13 +198,11 @@ class _SavedInputs:
     them (and recomputes them) like any other saved tensor."""
 
     def __init__(self, flat: list, spec) -> None:
-        self.flat = [_make_saved_tensor(x, is_output=False)
-                     if isinstance(x, torch.Tensor) else x for x in flat]
+        self.flat = [saved_tensor(x) if isinstance(x, torch.Tensor) else x for x in flat]
         self.spec = spec
 
     def unpack(self) -> tuple[tuple, dict]:
-        flat = [x.unpack() if isinstance(x, SavedTensor) else x for x in self.flat]
-        return tree_unflatten(flat, self.spec)
+        return pytree.tree_unflatten([unpacked(x) for x in self.flat], self.spec)
 
 
 class _Holder:
@@ -248,7 +246,7 @@ class _Frame:
         return holder
 
     def unpack(self, holder: _Holder) -> torch.Tensor:
-        backward = _current_backward()
+        backward = current_backward()
         if backward is None:  # unpacked outside any backward: nothing to share
             return self.recompute()[holder.index]
         tensors = self.recomputed.get(backward)
@@ -260,8 +258,7 @@ class _Frame:
                 # soon as backward is done with its nodes, not at the end of
                 # the whole backward.
                 frame = weakref.ref(self)
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    lambda: _drop_recomputed(frame(), backward))
+                queue_at_backward_end(lambda: _drop_recomputed(frame(), backward))
         try:
             return tensors.pop(holder.index)
         except KeyError:
@@ -374,14 +371,6 @@ class _Refill:
 
 def _identity(x):
     return x
-
-
-def _current_backward() -> Any:
-    group = torch._C._get_graph_exec_group()
-    if group is not None:
-        return group
-    task = torch._C._current_graph_task_id()
-    return None if task == -1 else task
 
 
 def _meta(t: torch.Tensor) -> TensorMeta:

@@ -36,10 +36,12 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import noop_context_fn
 
+from fxckpt.compat.modules import own_buffers
+from fxckpt.compat.autograd import TorchDispatchMode, top_saved_tensors_hooks
+from fxckpt.compat.dynamo import graph_break_reasons
+from fxckpt.compat.ops import pytree
 from fxckpt.eager.checkpoint import checkpoint
 from fxckpt.eager.region_policy import RegionBytes, RegionDecider, RegionPolicy, region_bytes
 from fxckpt.memory.model import storage_key
@@ -73,8 +75,6 @@ def find_breaks(model: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     """Run ``model(*args, **kwargs)`` once under Dynamo and return the
     reasons (``GraphCompileReason``: reason and user stack) it gave for
     every graph break, in order."""
-    from torch._dynamo import utils as dynamo_utils
-
     kept: list[Any] = []
 
     def record(gm, example_inputs):
@@ -85,7 +85,7 @@ def find_breaks(model: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
 
     # Dynamo also logs the breaks whose graph was empty (nothing to hand to
     # a backend); its list is the complete one where it exists.
-    logged = getattr(dynamo_utils, "graph_break_reasons", None)
+    logged = graph_break_reasons()
     start = len(logged) if logged is not None else 0
     with _side_effects_undone(model, args, kwargs):
         torch.compile(model, backend=record)(*args, **kwargs)
@@ -97,16 +97,16 @@ def _side_effects_undone(model: nn.Module, args: tuple, kwargs: dict) -> Iterato
     """Random number generators and buffers (BatchNorm statistics) as they
     were before. Python side effects (a print, a counter) happen once more."""
     tensors = [*model.parameters(), *model.buffers(),
-               *(x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))]
+               *(x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor))]
     cuda = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
     buffers = [(owner, name, value, value.detach().clone())
                for owner in model.modules()
-               for name, value in owner._buffers.items() if value is not None]
+               for name, value in own_buffers(owner).items() if value is not None]
     with torch.random.fork_rng(devices=cuda):
         yield
     with torch.no_grad():
         for owner, name, value, before in buffers:
-            owner._buffers[name] = value
+            own_buffers(owner)[name] = value
             value.copy_(before)
 
 
@@ -275,7 +275,7 @@ class Region:
 
     # Disabled: Dynamo ends the caller's graph at this call and runs the
     # call, the module's hooks included, eagerly; nothing inside compiles.
-    @torch._dynamo.disable
+    @torch.compiler.disable
     def __call__(self, *args, **kwargs):
         # Checkpointed on every call, also from the bare model: what a call
         # saves must not depend on when it runs.
@@ -317,7 +317,7 @@ class Region:
 def _recorded_saves(record: dict[int, int]) -> Iterator[None]:
     """Saved-tensor hooks that note each saved tensor's storage and bytes in
     ``record`` and pass it on to the hooks under them (the checkpoint's)."""
-    outer_pack, outer_unpack = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer_pack, outer_unpack = top_saved_tensors_hooks()
 
     def pack(tensor: torch.Tensor):
         key = storage_key(tensor)
@@ -332,7 +332,7 @@ def _recorded_saves(record: dict[int, int]) -> Iterator[None]:
 def _checkpoint_around() -> bool:
     """Whether the saved-tensor hooks on top are a checkpoint's (torch's or
     fxckpt's, in forward or in recomputation)."""
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = top_saved_tensors_hooks()
     if hooks is None:
         return False
     module = getattr(hooks[0], "__module__", None) or ""
@@ -386,12 +386,12 @@ class _HeldBytes(TorchDispatchMode):
     def activation_bytes(self, *, inputs: Any) -> int:
         """Bytes autograd saved inside the checkpoint, each storage once,
         less the call's inputs, parameters and buffers (never recomputed)."""
-        given = {storage_key(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+        given = {storage_key(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
         return sum(n for key, n in self.inside.items()
                    if key not in given and key not in self.excluded)
 
     def __enter__(self):
-        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        outer = top_saved_tensors_hooks()
         outer_pack, outer_unpack = outer if outer is not None else (None, None)
 
         def pack(tensor: torch.Tensor):
@@ -416,7 +416,7 @@ class _HeldBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self._note_backward_bytes(args, kwargs, out)
-        for tensor in tree_leaves(out):
+        for tensor in pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided:
                 try:
                     storage = tensor.untyped_storage()
@@ -440,7 +440,7 @@ class _HeldBytes(TorchDispatchMode):
         """Storage -> bytes of the floating-point tensors in ``tree``, not
         parameters or buffers."""
         found = {}
-        for tensor in tree_leaves(tree):
+        for tensor in pytree.tree_leaves(tree):
             if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() \
                     or tensor.layout != torch.strided:
                 continue
@@ -465,7 +465,7 @@ class _HeldBytes(TorchDispatchMode):
     def count(self, *, inputs: Any, outputs: Any) -> tuple[dict[int, int], set[int]]:
         """(storage -> bytes held for backward, the storages not counted:
         the call's inputs and outputs, parameters and buffers)."""
-        passed = {storage_key(t) for t in tree_leaves((inputs, outputs))
+        passed = {storage_key(t) for t in pytree.tree_leaves((inputs, outputs))
                   if isinstance(t, torch.Tensor)}
         held = dict(self.packed)
         for ref, key, nbytes in self.allocated.values():

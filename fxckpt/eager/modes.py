@@ -37,11 +37,11 @@ from typing import Any, Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from fxckpt.compat.autograd import TorchDispatchMode, version
+from fxckpt.compat.ops import pytree
 from fxckpt.eager.tensors import (TensorMeta, alias, copy, describe_meta, run_on_copies,
                                   tensor_leaves, tensor_metas, written_tensors)
 from fxckpt.eager.state import ModuleScope, RngSnapshot, format_where, user_frame
@@ -116,11 +116,11 @@ class SavedOutputs:
 
     def is_stale(self) -> bool:
         tensors = tensor_leaves(self.value)
-        return any(t._version != v for t, v in zip(tensors, self.versions))
+        return any(version(t) != v for t, v in zip(tensors, self.versions))
 
     def serve(self) -> Any:
         make = copy if self.serve_copies else alias
-        return tree_map(lambda x: make(x) if isinstance(x, torch.Tensor) else x, self.value)
+        return pytree.tree_map(lambda x: make(x) if isinstance(x, torch.Tensor) else x, self.value)
 
     def copy_written_leaves(self, storage: int) -> None:
         """Keep the values from before a write to ``storage``."""
@@ -128,8 +128,8 @@ class SavedOutputs:
             if isinstance(x, torch.Tensor) and storage_key(x) == storage:
                 return copy(x)
             return x
-        self.value = tree_map(protect, self.value)
-        self.versions = [x._version for x in tensor_leaves(self.value)]
+        self.value = pytree.tree_map(protect, self.value)
+        self.versions = [version(x) for x in tensor_leaves(self.value)]
         self.serve_copies = True
 
 
@@ -293,9 +293,9 @@ class Recorder(TorchDispatchMode):
                 del self.log.saved[key]
 
     def _save(self, key, record: OpRecord, out, rng_after: Optional[RngSnapshot]) -> None:
-        value = tree_map(lambda x: alias(x) if isinstance(x, torch.Tensor) else x, out)
+        value = pytree.tree_map(lambda x: alias(x) if isinstance(x, torch.Tensor) else x, out)
         tensors = tensor_leaves(value)
-        saved = SavedOutputs(record, value, [t._version for t in tensors], rng_after)
+        saved = SavedOutputs(record, value, [version(t) for t in tensors], rng_after)
         self.log.saved[key] = saved
         for t in tensors:
             storage = storage_key(t)

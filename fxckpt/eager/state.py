@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from fxckpt.compat.modules import CALL_IMPL_CODE
+from fxckpt.compat.ops import current_device_context
 from fxckpt.errors import FxckptError
 
 
@@ -132,13 +134,7 @@ class AutocastState:
 def _device_context() -> Any:
     """The innermost ``with torch.device(...)`` active now, if any: factory
     functions in the recomputation must allocate where the forward's did."""
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._device import DeviceContext
-
-    for mode in reversed(_get_current_function_mode_stack()):
-        if isinstance(mode, DeviceContext):
-            return mode
-    return None
+    return current_device_context()
 
 
 # ---------------------------------------------------------------------------
@@ -222,7 +218,7 @@ def format_where(where: tuple[str, int] | None) -> str:
     return f"{os.path.basename(filename)}:{line} {code}".rstrip()
 
 
-_CALL_IMPL = nn.Module._call_impl.__code__
+_CALL_IMPL = CALL_IMPL_CODE
 
 
 class ModuleScope:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
+from fxckpt.compat.autograd import exclude_inplace_or_view
+from fxckpt.compat.ops import pytree, schema
 from fxckpt.memory.model import storage_key
 from fxckpt.ops import TRAINING_ARGUMENT, UNDECLARED_WRITES
 
@@ -25,7 +26,7 @@ def _written_arguments(func, args, kwargs):
         if len(args) > TRAINING_ARGUMENT and args[TRAINING_ARGUMENT]:
             yield from ((i, args[i]) for i in undeclared if i < len(args))
         return
-    for i, arg in enumerate(func._schema.arguments):
+    for i, arg in enumerate(schema(func).arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
         if arg.kwarg_only or i >= len(args):
@@ -68,7 +69,7 @@ def run_on_copies(func, args, kwargs, storages: set[int]):
             kwargs[where] = value
     out = func(*args, **kwargs)
     # An op returning what it wrote (add_, out=) returns the caller's tensor.
-    return tree_map(lambda x: originals.get(id(x), x) if isinstance(x, torch.Tensor) else x,
+    return pytree.tree_map(lambda x: originals.get(id(x), x) if isinstance(x, torch.Tensor) else x,
                     out)
 
 
@@ -80,7 +81,7 @@ def tensor_leaves(tree) -> list[torch.Tensor]:
             isinstance(x, torch.Tensor) or x is None or isinstance(x, (int, float, bool))
             for x in tree):
         return [x for x in tree if isinstance(x, torch.Tensor)]
-    leaves, _ = tree_flatten(tree)
+    leaves, _ = pytree.tree_flatten(tree)
     return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
@@ -93,7 +94,7 @@ def alias(t: torch.Tensor) -> torch.Tensor:
     # A detached alias that shares the version counter (so writes show) and
     # carries no autograd metadata (so autograd can give it a fresh history
     # when a recomputation returns it).
-    with torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.ADInplaceOrView, False):
+    with exclude_inplace_or_view():
         return t.detach()
 
 

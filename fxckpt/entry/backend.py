@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import warnings
 from dataclasses import replace
 from typing import Any, Callable
@@ -10,6 +9,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from fxckpt.compat.autograd import queue_at_backward_end
+from fxckpt.compat.dynamo import copy_of_dynamo_graph
 from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
@@ -260,12 +261,12 @@ class Backend:
             self._said_outside(grad)
         if self._watch is not None and not self._watch.queued:
             self._watch.queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._watch_ended)
+            queue_at_backward_end(self._watch_ended)
         if not self._over_budget or self._first_step_checked or self.regions is not None \
                 or self._end_of_backward_queued:
             return
         self._end_of_backward_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._first_backward_ended)
+        queue_at_backward_end(self._first_backward_ended)
 
     def _said_outside(self, grad) -> None:
         """Where no step's peak can be read (the CPU) under a byte budget: a
@@ -581,14 +582,5 @@ def gradient_bytes(example_inputs: list[Any]) -> int:
 
 
 def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of a Dynamo graph to plan again later, with what AOTAutograd
-    reads off Dynamo's graphs to tell parameters from activations (the
-    inputs' sources), which a deep copy of the graph leaves behind."""
-    copied = copy.deepcopy(gm)
-    for old, new in zip(gm.graph.find_nodes(op="placeholder"),
-                        copied.graph.find_nodes(op="placeholder")):
-        if hasattr(old, "_dynamo_source"):
-            new._dynamo_source = old._dynamo_source
-    if hasattr(gm, "_param_name_to_source"):
-        copied._param_name_to_source = gm._param_name_to_source
-    return copied
+    """A copy of a Dynamo graph to plan again later."""
+    return copy_of_dynamo_graph(gm)

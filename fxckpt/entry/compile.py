@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch._dynamo.eval_frame import OptimizedModule
 
+from fxckpt.compat.dynamo import OptimizedModule
 from fxckpt.entry.backend import Backend, gradient_bytes
 from fxckpt.eager.fallback import (BreakSite, Ledger, Region, attribute, describe_frame,
                                    find_breaks, outermost)

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from fxckpt.compat.ops import pytree
 from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import FxckptError
 from fxckpt.budget.fit import fitted_budget

@@ -30,8 +30,8 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from fxckpt.compat.inductor import CustomGraphPass
 from fxckpt.memory.model import tensor_bytes
 
 _aten = torch.ops.aten

@@ -9,11 +9,14 @@ and its wrapper reuses freed buffers. None of that is in the FX graphs.
 
 The wrapper code Inductor emits is the allocation order itself: each buffer
 is made by ``empty_strided_<device>(size, stride, dtype)`` (or returned by a
-fallback kernel, whose size the following ``assert_size_stride`` states,
-under that name or another it is bound to first, as a custom operator's
-output is; it is made while the kernel's inputs are live, though the lines
-before the assert delete them), is handed on by ``# reuse`` lines without a
-new allocation, and is freed by ``del``. Walking the forward's code,
+fallback kernel, whose size the assert after it states, under that name or
+another it is bound to first, as a custom operator's output is; it is made
+while the kernel's inputs are live, though the lines before the assert
+delete them), is handed on by ``# reuse`` lines without a new allocation,
+and is freed by ``del``. fxckpt/compat/wrapper_code.py reads the
+statements; a statement of a form it does not know, or a fallback output
+no assert sizes, stops the reading (UnreadableCode), never read as no
+memory. Walking the forward's code,
 keeping what it returns (saved values and outputs), then the backward's
 code, with its inputs bound to the forward's saved values, gives the live
 bytes after every line and their maximum: the step's peak as the allocator
@@ -21,9 +24,10 @@ sees it. Scratch memory that
 CPU convolution kernels and CUDA attention kernels allocate and free inside
 themselves is added as memory.workspace_bytes counts it; other scratch is
 not seen. A fallback kernel's outputs take their op's bytes per element
-from the planned graphs (their asserts name no dtype; float32 where the
-op is not there), and outputs of a call the code never takes out its
-op's largest (``fallback_outputs``).
+from the planned graphs where their asserts name no dtype (float32 where
+the op is not there), and outputs of a call the code never takes out its
+op's largest (``fallback_outputs``); the backward's tangents are sized
+from the planned backward graph (``tangent_bytes``).
 
 Why read the code rather than model Inductor or constrain it: the gap
 between the FX-level model and the compiled code is not one mechanism.
@@ -40,28 +44,14 @@ budget naming the lowest compiled peak it saw.
 
 from __future__ import annotations
 
-import ast
-import re
 from dataclasses import dataclass, field
 
 import torch
 
+from fxckpt.compat import wrapper_code as code
+from fxckpt.compat.wrapper_code import UnreadableCode
 from fxckpt.memory.cpu_conv import call_scratch
 from fxckpt.memory.model import CUDA_BLOCK_BYTES, device_type, tensor_bytes, workspace_bytes
-
-_ALLOC = re.compile(r"^(\w+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
-_REUSE = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)\b.*; del (\w+)\s+# reuse")
-_ALIAS = re.compile(r"^(\w+) = (?:reinterpret_tensor\()?(\w+)(?:\)|,|\[|$)")
-_CALL = re.compile(r"^(\w+) = (?:torch\.ops\.aten|torch\.ops(?=\.higher_order\.)|torch\.ops\.\w+"
-                   r"|extern_kernels)\.(\w+)[.(]"
-                   r"(?:default\()?(\w+)?(?:, (\w+))?(?:, (\w+))?")
-# One output of a multi-output fallback; a random op run under fxckpt's RNG
-# replay returns (state, outputs), so its outputs are items of an item.
-_ITEM = re.compile(r"^(\w+) = (\w+)((?:\[\d+\])+)$")
-# The op a higher-order wrapper (run_and_save_rng_state, run_with_rng_state) runs.
-_WRAPPED = re.compile(r"torch\.ops\.aten\.(\w+)\.")
-_ASSERT = re.compile(r"^assert_size_stride\((\w+), \(([^)]*)\), \(([^)]*)\)")
-_ARGS = re.compile(r"^(.*) = args$")
 
 
 @dataclass(frozen=True)
@@ -78,76 +68,67 @@ class CompiledPeak:
 
 def step_peak(forward_code: str, backward_code: str | None,
               kernel_scratch: dict[str, int] | None = None,
-              outputs: dict[str, tuple[tuple[int, int], ...]] | None = None
-              ) -> CompiledPeak | None:
+              outputs: dict[str, tuple[tuple[int, int], ...]] | None = None,
+              tangents: dict[str, int] | None = None) -> CompiledPeak:
     """The step's peak from Inductor's forward and backward wrapper code;
-    None where the code holds lines this reading does not understand (an
-    allocation of a symbolic size, a memory pool), so no figure is better
-    than a wrong one. ``kernel_scratch``: for fallback kernels on CUDA that
-    hold scratch memory (attention), op name -> the most bytes one call
-    holds, its outputs included (``fallback_scratch``); ``outputs``: op
-    name -> (bytes per element, most bytes) of each of its outputs
-    (``fallback_outputs``; an output not known there is taken as
-    float32, and one the code never takes out of a call's results as
-    nothing)."""
-    try:
-        forward = _call_body(forward_code)
-        walk = _Walk()
-        walk.cpu = _on_cpu(forward)
-        walk.kernel_scratch = dict(kernel_scratch or {})
-        walk.outputs = dict(outputs or {})
-        returned = walk.run(forward)
-        kept = {walk.names[name] for name in returned if name in walk.names}
-        walk.keep_only(kept)
-        forward_peak, held = walk.peak, walk.level
-        saved_bytes = None
-        if backward_code is not None:
-            backward = _call_body(backward_code)
-            inputs = _ARGS.match(backward[0])[1].split(", ")
-            saved_count = sum(not name.startswith("tangents") for name in inputs)
-            saved = returned[len(returned) - saved_count:] if saved_count else []
-            old = walk.names
-            walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
-            saved_bytes = sum(walk.sizes.get(storage, 0)
-                              for storage in set(walk.names.values()))
-            # The backward's names are its own (its input asserts state them).
-            walk.layouts = {}
-            # Tangents are made by autograd for the backward, sized by the
-            # wrapper's input asserts (as float32: a loss's gradient), and
-            # held by autograd until the backward returns, whatever it deletes.
-            for name in inputs:
-                if name.startswith("tangents"):
-                    walk.expect(name, None, None)
-            walk.run(backward[1:])
-    except _Unreadable:
-        return None
+    UnreadableCode where the code holds a statement this reading does not
+    know or cannot size (``expected`` for symbolic sizes), so no figure is
+    better than a wrong one. ``kernel_scratch``: for fallback kernels on
+    CUDA that hold scratch memory (attention), op name -> the most bytes
+    one call holds, its outputs included (``fallback_scratch``);
+    ``outputs``: op name -> (bytes per element, most bytes) of each of its
+    outputs (``fallback_outputs``; an output not known there is taken as
+    float32 where its assert names no dtype, and one the code never takes
+    out of a call's results as nothing); ``tangents``: the backward's
+    tangents' bytes by input name (``tangent_bytes``; else sized by the
+    code's input asserts, as float32)."""
+    forward = code.call_body(forward_code)
+    walk = _Walk()
+    walk.cpu = _on_cpu(forward)
+    walk.kernel_scratch = dict(kernel_scratch or {})
+    walk.outputs = dict(outputs or {})
+    returned = walk.run(forward)
+    kept = {walk.names[name] for name in returned if name in walk.names}
+    walk.keep_only(kept)
+    forward_peak, held = walk.peak, walk.level
+    saved_bytes = None
+    if backward_code is not None:
+        backward = code.call_body(backward_code)
+        inputs = _inputs(backward)
+        saved_count = sum(not name.startswith("tangents") for name in inputs)
+        saved = returned[len(returned) - saved_count:] if saved_count else []
+        old = walk.names
+        walk.names = {arg: old[ret] for arg, ret in zip(inputs, saved) if ret in old}
+        saved_bytes = sum(walk.sizes.get(storage, 0) for storage in set(walk.names.values()))
+        # The backward's names are its own (its input asserts state them).
+        walk.layouts = {}
+        walk.inputs = set(inputs)
+        # Tangents are made by autograd for the backward and held by it
+        # until the backward returns, whatever the code deletes.
+        for name in inputs:
+            if not name.startswith("tangents"):
+                continue
+            if tangents is not None and name in tangents:
+                walk.allocate(name, tangents[name])
+            else:
+                walk.expect(name, None, None)
+        walk.run(backward)
     return CompiledPeak(walk.peak, forward_peak, held, saved_bytes)
+
+
+def _inputs(body: list[str]) -> list[str]:
+    for statement in code.statements(body[:1]):
+        if isinstance(statement, code.Inputs):
+            return list(statement.names)
+    raise UnreadableCode("a call whose first statement does not unpack its args", body[0])
 
 
 def _on_cpu(body: list[str]) -> bool:
     """Whether the call allocates on the CPU only. Read from the call's own
     allocations: the module's preamble binds every device's allocator
     (``empty_strided_cpu = ...``), whatever device the code runs on."""
-    return not any(_ALLOC.match(line) and " = empty_strided_cpu(" not in line for line in body)
-
-
-class _Unreadable(Exception):
-    pass
-
-
-def _call_body(code: str) -> list[str]:
-    lines = code.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == "def call(self, args):"]
-    if len(starts) != 1:
-        raise _Unreadable("no single call()")
-    indent = len(lines[starts[0]]) - len(lines[starts[0]].lstrip()) + 4
-    body = []
-    for line in lines[starts[0] + 1:]:
-        if line.strip() and len(line) - len(line.lstrip()) < indent:
-            break
-        if line.strip():
-            body.append(line.strip())
-    return body
+    return not any(line.split(" = ", 1)[-1].startswith("empty_strided_")
+                   and " = empty_strided_cpu(" not in line for line in body)
 
 
 @dataclass
@@ -175,10 +156,11 @@ class _Output:
     call: _Call | None
     itemsize: int | None
     names: set
+    has_items: bool = False   # a call's results of which items were taken
 
 
 class _Walk:
-    """Live storages while the wrapper's lines run, by the names bound to them."""
+    """Live storages while the wrapper's statements run, by the names bound to them."""
 
     def __init__(self) -> None:
         self.names: dict[str, object] = {}
@@ -191,6 +173,7 @@ class _Walk:
         # name -> (sizes, strides, dtype or None) where the code states them
         # (allocations, asserts): what a CPU convolution's scratch is measured at.
         self.layouts: dict[str, tuple] = {}
+        self.inputs: set[str] = set()
         self.cpu = True
         self.kernel_scratch: dict[str, int] = {}
 
@@ -210,6 +193,10 @@ class _Walk:
         output = self.pending.pop(name, None)
         if output is not None:
             output.names.discard(name)      # its assert, if any, binds the others
+            if not output.names and not output.has_items and output.call is not None \
+                    and len(output.call.outputs) <= 1:
+                raise UnreadableCode(f"a fallback kernel's output {name} deleted before "
+                                     "any assert sized it")
         call = self.calls.pop(name, None)
         if call is not None and len(call.outputs) > 1:
             # A call's results deleted: the outputs never taken out of them
@@ -230,92 +217,107 @@ class _Walk:
     def run(self, body: list[str]) -> list[str]:
         """Walk ``body``; return the names its ``return`` hands back."""
         returned: list[str] = []
-        for line in body:
-            if line.startswith("#"):
-                continue
-            code = line.split("  #")[0] if "# reuse" not in line else line
-            if code.startswith("return "):
-                returned = _returned_names(code)
-                continue
-            statements = [code] if "# reuse" in line else [s.strip() for s in code.split(";")]
-            for statement in statements:
+        for statement in code.statements(body):
+            if isinstance(statement, code.Return):
+                returned = list(statement.names)
+                self.check_returned(returned)
+            elif isinstance(statement, code.Inputs):
+                self.inputs |= set(statement.names)
+            else:
                 self.step(statement)
         return returned
 
-    def step(self, statement: str) -> None:
-        if "alloc_from_pool" in statement or "empty_strided" in statement \
-                and not _ALLOC.match(statement):
-            raise _Unreadable(statement)
-        if match := _ALLOC.match(statement):
-            self.allocate(match[1], _nbytes(match[2], match[3], match[4]))
-            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]), match[4])
-        elif match := _REUSE.match(statement):
+    def check_returned(self, returned: list[str]) -> None:
+        """Every value returned is a buffer the walk sized or an input."""
+        for name in returned:
+            if name in self.pending:
+                raise UnreadableCode(f"returns {name}, a fallback kernel's output no "
+                                     "assert sized")
+            if name and name != "None" and name not in self.names and name not in self.inputs:
+                raise UnreadableCode(f"returns {name}, a value the reading never saw made")
+
+    def step(self, statement) -> None:
+        if isinstance(statement, code.Allocate):
+            self.allocate(statement.name, _nbytes(statement.sizes, statement.strides,
+                                                  statement.dtype))
+            self.layouts[statement.name] = (code.ints(statement.sizes),
+                                            code.ints(statement.strides), statement.dtype)
+        elif isinstance(statement, code.Reuse):
             # A buffer reused under a new name: Inductor writes a plain alias
             # where the two layouts are the same, reinterpret_tensor (sizes
             # and strides stated) where they differ; an assert after it, if
             # any, says again.
-            self.bind_layout(match[1], statement.split(" = ", 1)[1].split("; del ")[0])
-            storage = self.names.pop(match[3], None)
+            self.bind_layout(statement.name, statement.value)
+            storage = self.names.pop(statement.freed, None)
             if storage is not None:
-                self.names[match[1]] = storage
-        elif match := _CALL.match(statement):
-            op = match[2]
-            if op == "higher_order" and (wrapped := _WRAPPED.search(statement)):
-                # A wrapped op's outputs come with a generator state: only
-                # a plain call's outputs are its op's, in order.
-                op, outputs = wrapped[1], ()
-            else:
-                outputs = self.outputs.get(op, ())
-            call = self.calls[match[1]] = _Call(match[1], self.level, outputs)
-            # Its size comes in the assert after it.
-            self.expect(match[1], call, outputs[0][0] if len(outputs) == 1 else None)
-            _scratch(self, match[1], op, match.group(3, 4, 5), statement)
-        elif (match := _ITEM.match(statement)) and match[2] in self.pending:
+                self.names[statement.name] = storage
+        elif isinstance(statement, code.FallbackCall):
+            self.fallback_call(statement)
+        elif isinstance(statement, code.Item) and statement.base in self.pending:
             # One output of a multi-output fallback.
-            call = self.pending[match[2]].call
-            index = [int(k) for k in re.findall(r"\d+", match[3])]
-            itemsize = None
+            base = self.pending[statement.base]
+            base.has_items = True
+            call, index, itemsize = base.call, statement.index, None
             if call is not None and len(index) == 1 and index[0] < len(call.outputs):
                 itemsize = call.outputs[index[0]][0]
                 call.taken.add(index[0])
-            self.expect(match[1], call, itemsize)
-        elif match := _ASSERT.match(statement):
-            known = self.layouts.get(match[1])
-            self.layouts[match[1]] = (_ints(match[2]), _ints(match[3]),
-                                      known[2] if known and match[1] not in self.pending
-                                      else None)
-            if match[1] not in self.pending:
-                return
-            output = self.pending[match[1]]
-            self.allocate(match[1], _nbytes(match[2], match[3], "float32", output.itemsize))
-            for name in output.names:
-                self.pending.pop(name)
-                self.names[name] = self.names[match[1]]
-            call = output.call
-            if call is None:
-                return
-            call.placed += self.sizes[self.names[match[1]]]
-            self.peak = max(self.peak, call.held + call.placed)
-            scratch = self.scratch_of.pop(call.name, None)
-            if scratch is not None:
-                # A CPU convolution's scratch, held while its output is made
-                # (_scratch; -1: the rule's temporary of the output's size).
-                if scratch < 0:
-                    scratch = self.sizes[self.names[match[1]]]
-                self.peak = max(self.peak, self.level + scratch)
-        elif match := _ALIAS.match(statement):
-            self.bind_layout(match[1], statement.split(" = ", 1)[1])
-            if match[2] in self.names:
-                self.names[match[1]] = self.names[match[2]]
-            elif match[2] in self.pending:
+            self.expect(statement.name, call, itemsize)
+        elif isinstance(statement, code.SizeAssert):
+            self.size_assert(statement)
+        elif isinstance(statement, (code.Alias, code.Item)):
+            value = statement.value if isinstance(statement, code.Alias) else statement.base
+            self.bind_layout(statement.name, value)
+            if statement.base in self.names:
+                self.names[statement.name] = self.names[statement.base]
+            elif statement.base in self.pending:
                 # A fallback's output named again before the assert that
                 # sizes it (``buf46 = buf45`` after a custom operator's
                 # call, the assert naming buf46): the assert sizes both.
-                output = self.pending[match[1]] = self.pending[match[2]]
-                output.names.add(match[1])
-        elif statement.startswith("del "):
-            for name in statement[4:].split(","):
-                self.delete(name.strip())
+                output = self.pending[statement.name] = self.pending[statement.base]
+                output.names.add(statement.name)
+        elif isinstance(statement, code.Delete):
+            for name in statement.names:
+                self.delete(name)
+
+    def fallback_call(self, statement: code.FallbackCall) -> None:
+        op = statement.op
+        if statement.wrapped is not None:
+            # A wrapped op's outputs come with a generator state: only a
+            # plain call's outputs are its op's, in order.
+            op, outputs = statement.wrapped, ()
+        else:
+            outputs = self.outputs.get(op, ())
+        call = self.calls[statement.name] = _Call(statement.name, self.level, outputs)
+        # Its size comes in the assert after it.
+        self.expect(statement.name, call, outputs[0][0] if len(outputs) == 1 else None)
+        _scratch(self, statement.name, op, statement.operands, statement.text)
+
+    def size_assert(self, statement: code.SizeAssert) -> None:
+        name = statement.name
+        known = self.layouts.get(name)
+        dtype = statement.dtype or (known[2] if known and name not in self.pending else None)
+        self.layouts[name] = (code.ints(statement.sizes), code.ints(statement.strides), dtype)
+        if name not in self.pending:
+            return
+        output = self.pending[name]
+        itemsize = getattr(torch, statement.dtype).itemsize if statement.dtype \
+            else output.itemsize
+        self.allocate(name, _nbytes(statement.sizes, statement.strides, "float32", itemsize))
+        for other in output.names:
+            self.pending.pop(other)
+            self.names[other] = self.names[name]
+        call = output.call
+        if call is None:
+            return
+        call.placed += self.sizes[self.names[name]]
+        self.peak = max(self.peak, call.held + call.placed)
+        scratch = self.scratch_of.pop(call.name, None)
+        if scratch is not None:
+            # A CPU convolution's scratch, held while its output is made
+            # (_scratch; -1: the rule's temporary of the output's size).
+            if scratch < 0:
+                scratch = self.sizes[self.names[name]]
+            self.peak = max(self.peak, self.level + scratch)
 
     def bind_layout(self, name: str, value: str) -> None:
         """``name`` bound to ``value`` (a name, or reinterpret_tensor of one
@@ -372,21 +374,15 @@ _DTYPES = {4: "float32", 8: "float64", 2: "bfloat16"}
 def _conv_parts(walk: _Walk, op: str, statement: str) -> tuple | None:
     """A CPU convolution call's arguments as memory/cpu_conv.call_scratch
     takes them; None where they cannot all be read."""
-    inner = _inside(statement, statement.find("(", statement.index(op)))
-    if inner is None:
+    arguments = code.call_arguments(statement, op)
+    if arguments is None:
         return None
-    args, keywords = [], {}
-    for item in _top_level(inner):
-        name, eq, value = item.partition("=")
-        if eq and name.strip().isidentifier() and not value.startswith("="):
-            keywords[name.strip()] = value.strip()
-        else:
-            args.append(item.strip())
+    args, keywords = arguments
     args += [keywords[k] for k in _CONV_KEYWORDS if k in keywords]
     default = _DTYPES.get((walk.outputs.get(op) or ((4, 0),))[0][0], "float32")
     parts = []
     for k, arg in enumerate(args):
-        part = _part(walk, arg, default) if k < 3 else _literal(arg)
+        part = _part(walk, arg, default) if k < 3 else code.literal(arg)
         if part is None:
             return None
         parts.append(part)
@@ -399,11 +395,11 @@ def _part(walk: _Walk, arg: str, dtype: str) -> tuple | None:
     if arg == "None":
         return ("const", None)
     if arg.startswith("reinterpret_tensor("):
-        inner = _top_level(_inside(arg, arg.index("(")) or "")
-        if len(inner) < 3:
+        inner = code.reinterpreted(arg)
+        if inner is None:
             return None
-        known = walk.layouts.get(inner[0].strip())
-        sizes, strides = _literal(inner[1]), _literal(inner[2])
+        known = walk.layouts.get(inner[0])
+        sizes, strides = code.literal(inner[1]), code.literal(inner[2])
         if sizes is None or strides is None:
             return None
         return ("tensor", tuple(sizes[1]), tuple(strides[1]),
@@ -414,69 +410,14 @@ def _part(walk: _Walk, arg: str, dtype: str) -> tuple | None:
     return ("tensor", known[0], known[1], known[2] or dtype)
 
 
-def _literal(text: str) -> tuple | None:
-    try:
-        value = ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError):
-        return None
-    if isinstance(value, (list, tuple)):
-        return ("list", tuple(value))
-    if value is None or isinstance(value, (bool, int, float)):
-        return ("const", value)
-    return None
-
-
 def _part_bytes(part: tuple) -> int:
     return _span_bytes(part[1], part[2], getattr(torch, part[3]).itemsize)
 
 
-def _inside(text: str, start: int) -> str | None:
-    """What the bracket at ``start`` encloses (None where it is not closed)."""
-    depth = 0
-    for k in range(start, len(text)):
-        depth += (text[k] in "([") - (text[k] in ")]")
-        if depth == 0:
-            return text[start + 1:k]
-    return None
-
-
-def _top_level(text: str) -> list[str]:
-    """``text`` split at its commas outside brackets."""
-    items, depth, item = [], 0, ""
-    for char in text:
-        if char == "," and depth == 0:
-            items.append(item)
-            item = ""
-            continue
-        depth += (char in "([") - (char in ")]")
-        item += char
-    if item.strip():
-        items.append(item)
-    return items
-
-
-def _ints(text: str) -> tuple[int, ...] | None:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        return None
-
-
-def _returned_names(statement: str) -> list[str]:
-    inner = statement[len("return "):].strip()
-    inner = inner[1:-1] if inner.startswith("(") else inner
-    names = []
-    for item in _top_level(inner):
-        match = re.match(r"\s*(?:reinterpret_tensor\()?(\w+)", item)
-        if item.strip():
-            names.append(match[1] if match else "")
-    return names
-
-
 def _nbytes(size: str, stride: str, dtype: str, itemsize: int | None = None) -> int:
-    sizes, strides = _ints(size), _ints(stride)
+    sizes, strides = code.ints(size), code.ints(stride)
     if sizes is None or strides is None:
-        raise _Unreadable(f"symbolic size {size}")
+        raise UnreadableCode("symbolic sizes", f"({size}), ({stride})", expected=True)
     return _span_bytes(sizes, strides, itemsize or getattr(torch, dtype).itemsize)
 
 
@@ -505,6 +446,17 @@ def fallback_outputs(graphs) -> dict[str, tuple[tuple[int, int], ...]]:
                 known[k][1] = max(known[k][1], tensor_bytes(item))
     return {name: tuple((size or 4, most) for size, most in sizes)
             for name, sizes in found.items()}
+
+
+def tangent_bytes(graphs) -> dict[str, int]:
+    """The backward's tangents' bytes by input name, from the planned
+    backward graph (``graphs``: forward, backward): the wrapper's own input
+    asserts are written where a kernel first reads each input, in a form
+    that changes between releases."""
+    backward = graphs[-1]
+    return {node.name: tensor_bytes(node.meta.get("val"))
+            for node in backward.find_nodes(op="placeholder")
+            if node.name.startswith("tangents")}
 
 
 def fallback_scratch(graphs) -> dict[str, int]:

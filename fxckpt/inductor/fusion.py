@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable
 
+from fxckpt.compat.inductor import choices_wrapped
 from fxckpt.types import RECOMPUTED_SUFFIX
 
 
@@ -122,7 +123,5 @@ def holds_recomputed(scheduler_node) -> bool:
 def recompute_apart(applies: Callable[[], bool] = lambda: True):
     """Inductor compiles inside this context refuse the fusions
     ``RecomputeApart`` refuses, while ``applies()``."""
-    from torch._inductor.virtualized import V
-
-    with V.set_choices_handler(RecomputeApart(V.choices, applies)):
+    with choices_wrapped(lambda choices: RecomputeApart(choices, applies)):
         yield

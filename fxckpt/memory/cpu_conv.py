@@ -44,8 +44,9 @@ import sys
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import _disable_current_modes
 
+from fxckpt.compat.autograd import no_dispatch_modes, profiler_enabled
+from fxckpt.compat.ops import overload_name
 from fxckpt.bench.measure import block_deltas
 
 _aten = torch.ops.aten
@@ -97,18 +98,18 @@ def _key(target, args, concrete) -> tuple | None:
         else:
             return None
     packet = target.overloadpacket.__name__
-    return (packet, target._overloadname, tuple(parts), torch.get_num_threads())
+    return (packet, overload_name(target), tuple(parts), torch.get_num_threads())
 
 
 @functools.lru_cache(maxsize=None)
 def _measured(key: tuple) -> int | None:
     """None where the call fails (arguments read wrongly from generated
     code): the caller's rule applies."""
-    if torch._C._autograd._profiler_enabled():
+    if profiler_enabled():
         return _helper().ask(key)
     # Planning runs under the compiler's fake and tracing modes: the
     # measurement runs on real tensors, outside them.
-    with _disable_current_modes():
+    with no_dispatch_modes():
         try:
             return _run(key)
         except (RuntimeError, TypeError, ValueError, IndexError):

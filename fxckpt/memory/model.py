@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxckpt.compat.inductor import realize_thresholds
+from fxckpt.compat.ops import (OpOverload, pytree, run_and_save_rng_state, run_with_rng_state,
+                               storage_id)
 from fxckpt.memory.cpu_conv import MEASURED_OPS, measured_scratch
 from fxckpt.memory.cuda_scratch import cuda_scratch
 from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401
@@ -159,8 +160,6 @@ def inlined_keys(order, *, inputs, users, outputs, fuses, reduction, op, cpu) ->
 
 def _realized_on_reuse(read_by_reduction: bool, on_cpu: bool, ops: frozenset,
                        reads: frozenset) -> bool:
-    from torch._inductor import config
-
     if read_by_reduction:
         # A reduction and a pointwise reader loop differently: Inductor
         # stores the value once for both (seen in its CPU kernels for
@@ -168,8 +167,8 @@ def _realized_on_reuse(read_by_reduction: bool, on_cpu: bool, ops: frozenset,
         return True
     if on_cpu and any(op.split(".")[0] in _HEAVY_ON_CPU for op in ops):
         return True
-    opcount = config.realize_opcount_threshold or 30
-    return len(ops) > opcount or len(reads) > config.realize_reads_threshold
+    opcount, reads_threshold = realize_thresholds()
+    return len(ops) > opcount or len(reads) > reads_threshold
 
 
 # Ops Inductor will not recompute per reader on CPU (ir.StorageBox).
@@ -179,7 +178,7 @@ _HEAVY_ON_CPU = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "t
 def fuses(node: fx.Node) -> bool:
     """Inductor lowers the op to pointwise code it can inline."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(target, OpOverload):
         return False
     return torch.Tag.pointwise in target.tags or target.__name__ in _INDUCTOR_POINTWISE
 
@@ -442,7 +441,7 @@ def storage_key(t: torch.Tensor) -> int | None:
     """What identifies the storage a tensor lives in (views share it), while
     it is alive; None for tensors without one (sparse, some subclasses)."""
     try:
-        return t.untyped_storage()._cdata
+        return storage_id(t)
     except (RuntimeError, NotImplementedError):
         return None
 

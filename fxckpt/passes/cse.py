@@ -33,8 +33,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.immutable_collections import immutable_dict, immutable_list
-from torch.utils._pytree import tree_flatten
 
+from fxckpt.compat.ops import OpOverload, is_mutable, mutable_args, pytree, storage_id
 from fxckpt.ops import PerOp, is_random, packet
 from fxckpt.passes.graphs import Impurity, lazy_graph_module
 
@@ -108,8 +108,6 @@ def _mutable_bases(graph: fx.Graph) -> set[fx.Node]:
     """Buffers a functionalized mutation writes (``auto_functionalized``'s
     bases, a Triton kernel's cloned tensors): two identical factories
     feeding two such buffers are two buffers."""
-    from torch._higher_order_ops.auto_functionalize import get_mutable_args
-
     bases: set[fx.Node] = set()
 
     def add(value):
@@ -121,7 +119,7 @@ def _mutable_bases(graph: fx.Graph) -> set[fx.Node]:
     for node in graph.find_nodes(op="call_function", target=hops.auto_functionalized_v2):
         add(node.kwargs.get("_all_bases", ()))
     for node in graph.find_nodes(op="call_function", target=hops.auto_functionalized):
-        for name in get_mutable_args(node.args[0])[0]:
+        for name in mutable_args(node.args[0]):
             add(node.kwargs.get(name))
     for node in graph.nodes:
         if getattr(node.target, "__name__", None) == "triton_kernel_wrapper_functional":
@@ -140,7 +138,7 @@ def _storage(node: fx.Node):
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return val.untyped_storage()._cdata
+        return storage_id(val)
     except NotImplementedError:
         return None
 
@@ -152,8 +150,8 @@ def _unbacked(node: fx.Node) -> bool:
 
 def _mutates(node: fx.Node) -> bool:
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.is_mutable
+    if isinstance(target, OpOverload):
+        return is_mutable(target)
     return node.op == "call_function" and (getattr(target, "__name__", "").endswith("_")
                                            or node.kwargs.get("out") is not None)
 
@@ -201,7 +199,7 @@ def _flattened(tree) -> tuple[list, object]:
     structure = _plain_structure(tree, flat)
     if structure is not None:
         return flat, structure
-    flat, spec = tree_flatten(tree)
+    flat, spec = pytree.tree_flatten(tree)
     return flat, str(spec)
 
 

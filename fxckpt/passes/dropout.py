@@ -34,8 +34,8 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._prims.rng_prims import run_and_save_rng_state
 
+from fxckpt.compat.ops import run_and_save_rng_state
 from fxckpt.passes.graphs import copy_graph_module
 
 _lib = torch.library.Library("fxckpt", "FRAGMENT")

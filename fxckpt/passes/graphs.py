@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
-from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+
+from fxckpt.compat.aot import graph_with_codegen_of, lazy_graph_module
+from fxckpt.compat.ops import HigherOrderOperator, detect_fake_mode
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy whose graph can be edited without touching ``gm``'s. Node meta
     dicts are copied shallowly (fake tensors are shared, never mutated)."""
-    graph = fx.Graph()
-    graph._codegen = gm.graph._codegen  # input/output structure: shared, never edited
+    graph = graph_with_codegen_of(gm)
     value_map: dict[fx.Node, fx.Node] = {}
     result, output = graph.graph_copy(gm.graph, value_map, return_output_node=True)
     graph.output(result).meta = dict(output.meta)
     return lazy_graph_module(gm, graph)
-
-
-def lazy_graph_module(root: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
-    """A GraphModule whose Python code is generated when first called or
-    read (a lazy module, as AOTAutograd's own partitioner makes): graphs
-    only the memory model reads (the frontier's candidates, the backward
-    order not chosen) never pay for it (half a second on a 10,000-node
-    graph)."""
-    with _use_lazy_graph_module(True):
-        return _make_graph_module(root, graph)
 
 
 def fake_mode_of(graph: fx.Graph):
@@ -37,7 +27,7 @@ def fake_mode_of(graph: fx.Graph):
 
 class Impurity:
     """``node.is_impure(impure_random)``, read once per op. For a
-    call_function node FX asks torch._library.utils.is_impure of its target
+    call_function node FX asks torch's ``is_impure`` of its target
     alone, except for higher-order operators (auto_functionalized asks of
     its first argument), which are asked each time. A 10,000-node graph
     holds a few dozen distinct ops."""
@@ -47,7 +37,7 @@ class Impurity:
 
     def __call__(self, node: fx.Node, impure_random: bool = True) -> bool:
         target = node.target
-        if node.op != "call_function" or isinstance(target, torch._ops.HigherOrderOperator):
+        if node.op != "call_function" or isinstance(target, HigherOrderOperator):
             return node.is_impure(impure_random)
         key = (target, impure_random)
         try:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
+from fxckpt.compat.ops import (OpOverload, is_mutable, pytree, run_and_save_rng_state,
+                               run_with_rng_state, schema)
 from fxckpt.memory.model import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
                            workspace_bytes)
 from fxckpt.ops import PerOp, random_op_device
@@ -118,7 +119,7 @@ def _model_node(node: fx.Node, index, storages, profile: Profile, device: str,
     elif node.op == "call_function":
         kind = "op"
         target = node.target
-        mutates = isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+        mutates = isinstance(target, OpOverload) and is_mutable(target)
         if mutates and not _input_mutation(node, profile):
             return None
     elif node.op == "get_attr":
@@ -195,7 +196,7 @@ def _schema_view_of(node: fx.Node, input_nodes: list[fx.Node],
     input an op with one output returns a view of (by its schema's alias
     annotations), or None. ``view_arguments``: ``_view_arguments`` of a
     node's op."""
-    if not isinstance(node.target, torch._ops.OpOverload):
+    if not isinstance(node.target, OpOverload):
         return None
     for k in view_arguments(node):
         if k < len(node.args) and isinstance(node.args[k], fx.Node):
@@ -203,16 +204,17 @@ def _schema_view_of(node: fx.Node, input_nodes: list[fx.Node],
     return None
 
 
-def _view_arguments(op: torch._ops.OpOverload) -> tuple[int, ...]:
+def _view_arguments(op: OpOverload) -> tuple[int, ...]:
     """Positions of the arguments the one output of ``op`` may be a view of
     (read-only alias annotations it shares), in order; () for ops with
     several outputs or whose output aliases nothing."""
-    if len(op._schema.returns) != 1:
+    returns = schema(op).returns
+    if len(returns) != 1:
         return ()
-    alias = op._schema.returns[0].alias_info
+    alias = returns[0].alias_info
     if alias is None or alias.is_write:
         return ()
-    return tuple(k for k, argument in enumerate(op._schema.arguments)
+    return tuple(k for k, argument in enumerate(schema(op).arguments)
                  if argument.alias_info is not None and not argument.alias_info.is_write
                  and argument.alias_info.before_set & alias.before_set)
 
@@ -220,8 +222,6 @@ def _view_arguments(op: torch._ops.OpOverload) -> tuple[int, ...]:
 def rng_calls_impure() -> tuple[bool, bool]:
     """Whether FX counts run_with_rng_state and run_and_save_rng_state calls
     impure (dead-code elimination keeps them)."""
-    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
-
     graph = fx.Graph()
     state = graph.placeholder("state")
     op = torch.ops.aten.rand.default

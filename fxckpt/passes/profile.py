@@ -15,11 +15,11 @@ from typing import Iterable
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 from torch.utils.flop_counter import flop_registry
 
+from fxckpt.compat.ops import OpOverload, pytree
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
 from fxckpt import ops as op_kinds
 from fxckpt.passes.rng import rng_state_bytes
@@ -230,7 +230,7 @@ def _bytes_moved(node: fx.Node, inputs: list[fx.Node], value_bytes: dict[fx.Node
 
 def _flops(node: fx.Node) -> int:
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+    if node.op != "call_function" or not isinstance(target, OpOverload) \
             or target.overloadpacket not in flop_registry:
         return 0  # no formula (op_flops' 0), without reading the arguments' values
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
@@ -243,7 +243,7 @@ def _flops(node: fx.Node) -> int:
 def op_flops(op, args, kwargs, out) -> int:
     """FLOPs of one op call by torch's formulas (0 where it has none): on fake
     tensors while planning, on real ones where steps are counted."""
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, OpOverload):
         return 0
     formula = flop_registry.get(op.overloadpacket)
     return concrete(formula(*args, **kwargs, out_val=out)) if formula is not None else 0

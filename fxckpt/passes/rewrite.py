@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch._functorch.partitioners import _extract_fwd_bwd_modules
-from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
+from fxckpt.compat.aot import extract_forward_backward, lazy_graph_modules
+from fxckpt.compat.ops import pytree
 from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
 from fxckpt.memory.model import StorageMemo, allocation
@@ -66,7 +65,7 @@ def rewrite_orders(joint: fx.GraphModule, profile: Profile, decision: Decision, 
     ``orders`` (``sink_growing`` values): one Rewritten per distinct
     backward order, in the order asked (an order the one before it already
     gives is left out). The forward graph is shared."""
-    with _use_lazy_graph_module(True):
+    with lazy_graph_modules():
         return _rewrite(joint, profile, decision, num_fwd_outputs, orders)
 
 
@@ -83,7 +82,7 @@ def _rewrite(joint, profile, decision, num_fwd_outputs, orders) -> list[Rewritte
     saved_values = [n for n in saved_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     saved_values += states
     saved_sym = [n for n in saved_nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
-    forward, extracted = _extract_fwd_bwd_modules(
+    forward, extracted = extract_forward_backward(
         work, saved_values, saved_sym, num_fwd_outputs=num_fwd_outputs)
     recomputed = set(clones.values()) | {c for made in earlier.values() for c in made}
     shared = dict(

@@ -14,8 +14,8 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
+from fxckpt.compat.ops import run_and_save_rng_state, run_with_rng_state
 from fxckpt.passes.graphs import fake_mode_of
 from fxckpt.ops import random_op_device
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import operator
 
-import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxckpt.compat.ops import HigherOrderOperator, OpOverload
 from fxckpt.errors import PolicyError, warn_once
 from fxckpt.passes.dropout import answered_by, original_call
 from fxckpt.policies.api import OpCall, PolicyFactory, check_answer, finish
@@ -97,7 +97,7 @@ def ask_policy(policy: PolicyFactory, nodes: dict[str, fx.Node],
         node = nodes[info.name]
         if _answered_by(node) is not None:
             elements.append(node)
-        elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        elif isinstance(node.target, (OpOverload, HigherOrderOperator)):
             answers[node.name] = decide(op_call(node, info))
     answers.update(finish(decide))
     for name, answer in answers.items():

@@ -3,9 +3,9 @@ fxckpt, reported as PlanError; the plan never runs."""
 
 from __future__ import annotations
 
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.utils.checkpoint import CheckpointPolicy
 
+from fxckpt.compat.ops import run_and_save_rng_state, run_with_rng_state
 from fxckpt.errors import PlanError
 from fxckpt.types import FORWARD, Decision, Profile, Tag, is_recomputed_name
 from fxckpt.passes.rewrite import Rewritten

@@ -24,7 +24,7 @@ tensor-subclass input, or a policy that cannot be written out. A plan
 priced with an offload bandwidth measured in this process is not stored.
 
 The store follows torch's switch for its own cache of partitioned graphs,
-``torch._functorch.config.enable_autograd_cache``.
+functorch's ``enable_autograd_cache``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from fxckpt.compat.aot import functorch_config
+from fxckpt.compat.inductor import cache_dir, config_text as inductor_config_text
+from fxckpt.compat.ops import FakeTensor, HigherOrderOperator, OpOverload, OpOverloadPacket
 from fxckpt.memory.model import has_symbolic_sizes
 from fxckpt.options import Options
 from fxckpt.policies.digest import Unkeyable, encode
@@ -55,12 +58,12 @@ _FORMAT = "fxckpt plan cache 2"
 _META = ("nn_module_stack", "stack_trace", "fxckpt_names", "recompute", "ac_graph_id",
          "custom")
 _SYMBOLIC = "the graph has symbolic sizes, planned at sizes its key cannot see"
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, torch._subclasses.FakeTensor)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 
 
 def caches_enabled() -> bool:
     """Whether torch caches partitioned graphs, and so fxckpt its plans."""
-    return bool(torch._functorch.config.enable_autograd_cache) and \
+    return bool(functorch_config.enable_autograd_cache) and \
         not torch.compiler.config.force_disable_caches
 
 
@@ -115,10 +118,8 @@ def _state_text() -> str:
 
 
 def _config_text() -> str:
-    import torch._inductor.config as inductor_config
-
-    configs = (("inductor", inductor_config.save_config_portable(ignore_private_configs=False)),
-               ("functorch", torch._functorch.config.save_config_portable()))
+    configs = (("inductor", inductor_config_text()),
+               ("functorch", functorch_config.save_config_portable()))
     # Left out: fxckpt's own partitioner, and the cache switches, which
     # change where graphs come from, not what they are.
     return "\n".join(
@@ -196,9 +197,9 @@ def _node_text(node: fx.Node) -> str:
 def _target(target) -> str:
     if isinstance(target, str):
         return target
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, (OpOverload, OpOverloadPacket)):
         return str(target)
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return target.name()
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', target)}"
 
@@ -252,7 +253,6 @@ class PlanStore:
 
     def __init__(self, directory: str | None = None) -> None:
         if directory is None:
-            from torch._inductor.runtime.cache_dir_utils import cache_dir
             directory = os.path.join(cache_dir(), "fxckpt", "plans")
         self.directory = directory
 

@@ -17,12 +17,16 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.backends.debugging import boxed_nop
-from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from fxckpt.inductor.compiled_peak import fallback_outputs, fallback_scratch, step_peak
+from fxckpt.compat.aot import aot_autograd, boxed_nop, functorch_config
+from fxckpt.compat.dynamo import compile_isolated
+from fxckpt.compat.releases import TESTED, newer_than_tested
+from fxckpt.compat.inductor import (CustomPartitionerFn, compile_fx, compile_fx_inner,
+                                    inductor_config, post_grad_passes)
+from fxckpt.compat.wrapper_code import UnreadableCode
+from fxckpt.errors import warn_once
+from fxckpt.inductor.compiled_peak import (fallback_outputs, fallback_scratch, step_peak,
+                                           tangent_bytes)
 from fxckpt.inductor.addmm import SplitLateAddmm
 from fxckpt.inductor.fusion import recompute_apart
 from fxckpt.errors import BudgetError
@@ -278,26 +282,23 @@ def _middle(gm, example_inputs, planner, mark: int, uuid, floor_model_peak, top_
 def _attempt(gm, example_inputs, planner, uuid, mark: int):
     """(compiled, bytes its plan's compiled code peaks over the budget)."""
     code: dict[str, str] = {}
-    scratch: list[tuple[dict, dict]] = []
+    facts: list[tuple[dict, dict, dict]] = []
     compiled = _inductor(gm, example_inputs, planner, _attempt_uuid(planner, uuid), code,
-                         scratch)
-    return compiled, _note_compiled_peaks(planner, mark, code, scratch)
+                         facts)
+    return compiled, _note_compiled_peaks(planner, mark, code, facts)
 
 
 def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
-              scratch: list[tuple[dict, dict]]):
+              facts: list[tuple[dict, dict, dict]]):
     """compile_fx with the planner as partitioner; ``code`` gets the wrapper
-    code Inductor generated for the forward and the backward, ``scratch``
-    the planned graphs' kernel scratch and fallback outputs
-    (``fallback_scratch``, ``fallback_outputs``), read as the
-    partitioner hands them to Inductor. (Read after compiling, on an H100
+    code Inductor generated for the forward and the backward, ``facts``
+    the planned graphs' kernel scratch, fallback outputs and tangents
+    (``fallback_scratch``, ``fallback_outputs``, ``tangent_bytes``), read
+    as the partitioner hands them to Inductor. (Read after compiling, on an H100
     with torch 2.11, the compiled peak lacked the attention backward's
     573,440 bytes and the zoo GPT's floor plan peaked 12% over it; why was
     not found. Read here, it does not depend on what Inductor's passes do
     to the graphs.)"""
-    from torch._functorch import config as functorch_config
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
     def own() -> bool:
         return _compiled_as_own(planner)
 
@@ -307,7 +308,7 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
         # run). Vectorized, Inductor's CPU code for a plan's backward can be
         # wrong: HF Mamba's at budget 0.5, run eagerly, gives gradients
         # within 7e-7 of eager PyTorch's; compiled with vectorized tails,
-        # 1.15 times their largest value apart (torch._inductor.compile on
+        # 1.15 times their largest value apart (Inductor's compile of
         # that graph alone does the same; with cpp.enable_loop_tail_vec
         # off, or no vectorization, it is right). torch's own partitions of
         # that model do not meet it. CUDA code has no such tails.
@@ -331,18 +332,10 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
 
     with functorch_config.patch(patches), recompute_apart(own):
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
-            "custom_partitioner_fn": _InductorPartitioner(planner, uuid, scratch),
-            "post_grad_custom_post_pass": _post_grad_passes(own)})
-
-
-def _post_grad_passes(own: Callable[[], bool]) -> tuple:
-    """The user's post-grad passes, then fxckpt's: an ``addmm`` Inductor
-    made of a matmul and a late add split back (fxckpt/inductor/addmm.py),
-    while ``own()``."""
-    from torch._inductor import config
-    from torch._inductor.custom_graph_pass import get_custom_graph_passes
-
-    return (*get_custom_graph_passes(config.post_grad_custom_post_pass), SplitLateAddmm(own))
+            "custom_partitioner_fn": _InductorPartitioner(planner, uuid, facts),
+            # The user's post-grad passes, then fxckpt's: an ``addmm`` Inductor
+            # made of a matmul and a late add split back (inductor/addmm.py).
+            "post_grad_custom_post_pass": post_grad_passes(SplitLateAddmm(own))})
 
 
 def _compiled_as_own(planner) -> bool:
@@ -373,18 +366,37 @@ def _symbolic(example_inputs) -> bool:
 
 
 def _note_compiled_peaks(planner, mark: int, code: dict[str, str],
-                        scratch: list[tuple[dict, dict]]) -> int:
+                        facts: list[tuple[dict, dict, dict]]) -> int:
     """Give the plan made since ``mark`` its compiled peak; return the bytes
-    it is over its byte budget (0 when within it, or not known)."""
+    it is over its byte budget (0 when within it, or not known). Code this
+    reading does not know is said, once per kind of statement, and the plan
+    keeps the memory model's peak, with a note saying so."""
     if len(planner.plans) != mark + 1 or not code.get("forward"):
         return 0
     plan = planner.plans[mark]
-    kernel_scratch, outputs = scratch[-1] if scratch else ({}, {})
-    compiled = step_peak(code["forward"], code.get("backward"), kernel_scratch, outputs)
-    if compiled is None or code.get("backward") is None:
+    kernel_scratch, outputs, tangents = facts[-1] if facts else ({}, {}, {})
+    try:
+        compiled = step_peak(code["forward"], code.get("backward"), kernel_scratch, outputs,
+                             tangents)
+    except UnreadableCode as unread:
+        if not unread.expected:
+            planner.replace_plan(mark, replace(plan, notes=plan.notes + (
+                f"peak not read from Inductor's generated code ({unread}): the memory "
+                "model's prediction stands",)))
+            warn_once(f"unreadable inductor code: {unread.why}", unreadable_warning(unread),
+                      stacklevel=4)
         return 0
-    note = (f"peak read from Inductor's generated code: {compiled.peak_bytes} bytes "
+    if code.get("backward") is None:
+        return 0
+    peak = compiled.peak_bytes
+    note = (f"peak read from Inductor's generated code: {peak} bytes "
             f"(the memory model predicted {plan.peak_bytes})")
+    if newer_than_tested():
+        # A release whose code fxckpt was not checked against: its reading
+        # is not trusted to put the plan's peak below the memory model's.
+        peak = max(peak, plan.peak_bytes)
+        note += (f"; torch {torch.__version__} is newer than the releases fxckpt is tested "
+                 f"on, so the plan's peak is the higher of the two, {peak} bytes")
     # What the graph holds while later graphs of the step run: the higher
     # of the two readings (the code can save a copy the graph does not, a
     # convolution's weight in another layout).
@@ -392,14 +404,23 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str],
     if saved != plan.saved_bytes:
         note += (f"; it saves {saved} bytes for backward (the memory model "
                  f"read {plan.saved_bytes})")
-    planner.replace_plan(mark, replace(plan, peak_bytes=compiled.peak_bytes,
+    planner.replace_plan(mark, replace(plan, peak_bytes=peak,
                                        model_peak_bytes=plan.peak_bytes,
                                        saved_bytes=saved, notes=plan.notes + (note,)))
     budget = plan.budget_bytes
     if budget is None or planner.options.budget is None \
             or planner.options.budget.bytes is None:
         return 0
-    return max(0, compiled.peak_bytes - budget)
+    return max(0, peak - budget)
+
+
+def unreadable_warning(unread: UnreadableCode) -> str:
+    return (f"fxckpt: the code Inductor generated on torch {torch.__version__} holds a "
+            f"statement fxckpt cannot read for memory ({unread}). The plans compiled with "
+            "such code keep the memory model's peak, which Inductor's code can exceed, and a "
+            "byte budget under Inductor rests on that prediction (on CUDA, also on the "
+            "measured step). fxckpt reads the code of the torch releases it is tested on "
+            f"({', '.join(map(str, TESTED))}); compiler='eager' does not depend on it.")
 
 
 def _still_over(budget: int, lowest: int) -> BudgetError:
@@ -417,16 +438,17 @@ class _InductorPartitioner(CustomPartitionerFn):
     """Inductor runs its joint-graph passes, then asks us to partition."""
 
     def __init__(self, planner: Planner, uuid: str | None,
-                 scratch: list[tuple[dict, dict]]) -> None:
+                 facts: list[tuple[dict, dict, dict]]) -> None:
         self.planner = planner
         self._uuid = uuid
-        self._scratch = scratch
+        self._facts = facts
 
     def __call__(self, gm: fx.GraphModule, joint_inputs, **kwargs):
         kwargs.pop("compiler", None)
         forward, backward = self.planner(gm, joint_inputs, **kwargs)
         graphs = (forward.graph, backward.graph)
-        self._scratch.append((fallback_scratch(graphs), fallback_outputs(graphs)))
+        self._facts.append((fallback_scratch(graphs), fallback_outputs(graphs),
+                            tangent_bytes(graphs)))
         return forward, backward
 
     def uuid(self):
@@ -461,5 +483,4 @@ def capture_once(model, example_inputs, backend: Callable, *,
     # nor count against those of models compiled elsewhere in the process
     # (no global reset), and a different backend never reuses theirs.
     with torch.random.fork_rng(devices=devices):
-        torch.compile(target, backend=backend, dynamic=dynamic,
-                      isolate_recompiles=True)(*example_inputs)
+        compile_isolated(target, backend=backend, dynamic=dynamic)(*example_inputs)

@@ -7,7 +7,7 @@ frontier built the first time instead of solving again. That happens
 often: the step's re-plan after its first run gives each graph a new
 budget; under Inductor a plan whose compiled code peaks over its budget is
 planned again lower; ``fxckpt.explain`` at several budgets; a recompile
-after ``torch._dynamo.reset()``.
+after ``torch.compiler.reset()``.
 
 The memo keeps the last ``KEEP`` frontiers, keyed by a digest of the joint
 graph's code, its profile, its tags and the options that shape a frontier

@@ -37,6 +37,7 @@ from fxckpt.passes import schedule
 from fxckpt.passes.cse import deduplicated
 from fxckpt.passes.dropout import joined_host_dropouts, split_host_dropouts
 from fxckpt.passes.profile import profile_joint_graph
+from fxckpt.passes.reshapes import linear_views
 from fxckpt.passes.rewrite import rewrite_orders
 from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
@@ -385,11 +386,12 @@ class FrontierPlanner(Planner):
 def prepared_joint(joint: fx.GraphModule, compiler: str) -> fx.GraphModule:
     """The joint graph as planned (``joint`` is never edited): repeats merged
     (passes/cse.py) and, but under Inductor (whose decompositions replace
-    dropout itself), each host dropout split into its mask and product
-    (passes/dropout.py)."""
-    merged = deduplicated(joint)
+    dropout itself, and whose partition fxckpt's default plan is), F.linear's
+    output reshape read as the view it is (passes/reshapes.py) and each host
+    dropout split into its mask and product (passes/dropout.py)."""
     if compiler == "inductor":
-        return merged
+        return deduplicated(joint)
+    merged = deduplicated(linear_views(joint))
     return split_host_dropouts(merged, owned=merged is not joint)
 
 

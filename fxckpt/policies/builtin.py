@@ -28,6 +28,8 @@ from typing import Callable, ClassVar, Mapping
 
 import torch
 
+from fxckpt.compat.ops import (HigherOrderOperator, OpOverload, OpOverloadPacket,
+                               dispatch_op_names)
 from fxckpt.ops import is_matmul_op, op_packet
 from fxckpt.policies.api import DEFER, P, Answer, OpCall, Policy, finish
 from fxckpt.policies.attention import AttentionDecider
@@ -134,8 +136,7 @@ def _resolve_ops(ops, who: str) -> tuple:
 
 
 def _resolve_op(op, who: str):
-    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket,
-                       torch._ops.HigherOrderOperator)):
+    if isinstance(op, (OpOverload, OpOverloadPacket, HigherOrderOperator)):
         return op
     if not isinstance(op, str):
         raise TypeError(f"{who}: {op!r} is not an op; pass torch.ops.aten.mm.default, "
@@ -151,7 +152,7 @@ def _resolve_op(op, who: str):
         found = getattr(getattr(torch.ops, namespace), name)
         return getattr(found, overload[0]) if overload else found
     except (AttributeError, RuntimeError):
-        known = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+        known = [n.split("::", 1)[1] for n in dispatch_op_names()
                  if n.startswith(namespace + "::")]
         if overload:
             candidates = set(known) | {f"{n}.default" for n in known if "." not in n}

@@ -28,12 +28,12 @@ import dis
 import enum
 import types
 
-import torch
 
+from fxckpt.compat.ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 from fxckpt.policies.api import Policy
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
-_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_OPS = (OpOverload, OpOverloadPacket)
 # Modules whose classes are named in a digest rather than written out: their
 # code is fixed by the Python and torch versions and fxckpt's own source,
 # which the plan cache's key holds.
@@ -66,7 +66,7 @@ def encode(value, seen: set[int] | None = None) -> str:
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, _OPS):
         return f"op:{value}"
-    if isinstance(value, torch._ops.HigherOrderOperator):
+    if isinstance(value, HigherOrderOperator):
         return f"op:{value.name()}"
     if isinstance(value, tuple):
         return "(" + ",".join(encode(v, seen) for v in value) + ")"

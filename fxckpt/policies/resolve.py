@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, SelectiveCheckpointContext
+from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy
 
+from fxckpt.compat.autograd import selective_context
 from fxckpt.policies.api import (DEFER, P, Answer, Decider, OpCall, Policy, PolicyFactory,
                                  as_checkpoint_policy)
 from fxckpt.policies.builtin import MappedDecider, must, save_ops
@@ -90,7 +91,7 @@ class _PolicyFunction:
     def _decide(self, call: OpCall) -> CheckpointPolicy | None:
         if call.op in SAC_IGNORED_OPS:    # torch never shows these to policy_fn
             return None
-        ctx = SelectiveCheckpointContext(is_recompute=False, op_output=call.output)
+        ctx = selective_context(is_recompute=False, op_output=call.output)
         return as_checkpoint_policy(self.fn(ctx, call.op, *call.args, **call.kwargs),
                                     call, self.fn)
 

@@ -1,5 +1,5 @@
 """Part of the adapter (problem.py): what torch's min-cut partitioner
-(torch._functorch.partitioners) knows of each forward value, as arrays, so
+(functorch's partitioners) knows of each forward value, as arrays, so
 that a reference strategy can plan as torch.compile does without a graph.
 
 Torch's partitioner saves the values of a minimum cut in which a value
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from torch._functorch import config as functorch_config
 
+from fxckpt.compat.aot import functorch_config
 from fxckpt.types import BACKWARD, NodeProfile, Profile, RematKind
 
 _FAR = 10**9          # distance from backward of a value backward never reaches
