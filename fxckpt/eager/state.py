@@ -218,9 +218,6 @@ def format_where(where: tuple[str, int] | None) -> str:
     return f"{os.path.basename(filename)}:{line} {code}".rstrip()
 
 
-_CALL_IMPL = CALL_IMPL_CODE
-
-
 class ModuleScope:
     """The dotted path of the module running now ("blocks.0.attn").
 
@@ -260,7 +257,7 @@ class ModuleScope:
         modules: list[nn.Module] = []
         frame = sys._getframe(2)
         while frame is not None and id(frame) != self.stop:
-            if frame.f_code is _CALL_IMPL:
+            if frame.f_code is CALL_IMPL_CODE:
                 modules.append(frame.f_locals["self"])
             frame = frame.f_back
         return modules

@@ -99,7 +99,8 @@ class Backend:
             except FxckptError as error:
                 raise surface_through_dynamo(error) from None
         frame, compile = compile_key(gm)
-        source = (graph_copy(gm), list(example_inputs)) if self._byte_budget() else None
+        source = (copy_of_dynamo_graph(gm), list(example_inputs)) if self._byte_budget() \
+            else None
         runner = GraphRunner(None, self.ledger, self._on_new_step, self._on_backward,
                              self._on_run)
         sizes = self._sizes.plan_at(frame, gm)
@@ -197,7 +198,7 @@ class Backend:
         planner = Planner(replace(self.options, budget=Budget(bytes=1)))
         try:
             with at_sizes(sizes):
-                self.compile_fn(graph_copy(gm), example_inputs, planner)
+                self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
         except BudgetError as refused:
             return refused.floor_bytes
         return None
@@ -483,7 +484,7 @@ class Backend:
         gm, example_inputs = self._sources[id(entry)]
         options = replace(self.options, budget=Budget(bytes=2**62), runs_per_step=entry.runs)
         planner = Planner(options)
-        self.compile_fn(graph_copy(gm), example_inputs, planner)
+        self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
         return planner.frontiers_seen[-1]
 
     def _recompile(self, entry: LedgerEntry, step_peak: int, runs: int, *, note: str) -> None:
@@ -493,7 +494,7 @@ class Backend:
         gm, example_inputs = self._sources[id(entry)]
         options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
         planner = Planner(options, on_plan=self._keep_plan)
-        compiled = self.compile_fn(graph_copy(gm), example_inputs, planner)
+        compiled = self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
         plan = self._noted(planner.plans[-1])
         entry.plan = replace(plan, notes=plan.notes + (note,))
         entry.runner().set_compiled(compiled)
@@ -579,8 +580,3 @@ def gradient_bytes(example_inputs: list[Any]) -> int:
     sizes = {storage_key(x): x.numel() * x.element_size() for x in example_inputs
              if isinstance(x, torch.nn.Parameter) and x.requires_grad}
     return sum(sizes.values())
-
-
-def graph_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of a Dynamo graph to plan again later."""
-    return copy_of_dynamo_graph(gm)

@@ -24,12 +24,11 @@ from fxckpt.compat.releases import TESTED, newer_than_tested
 from fxckpt.compat.inductor import (CustomPartitionerFn, compile_fx, compile_fx_inner,
                                     inductor_config, post_grad_passes)
 from fxckpt.compat.wrapper_code import UnreadableCode
-from fxckpt.errors import warn_once
 from fxckpt.inductor.compiled_peak import (fallback_outputs, fallback_scratch, step_peak,
                                            tangent_bytes)
 from fxckpt.inductor.addmm import SplitLateAddmm
 from fxckpt.inductor.fusion import recompute_apart
-from fxckpt.errors import BudgetError
+from fxckpt.errors import BudgetError, warn_once
 from fxckpt.planning.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
 from fxckpt.memory.model import has_symbolic_sizes
 from fxckpt.planning.pipeline import Planner
