@@ -14,7 +14,7 @@ from fxckpt.policies.api import PolicyFactory
 from fxckpt.policies.resolve import resolve_policy
 
 COMPILERS = ("inductor", "eager")
-OPTION_NAMES = ("budget", "policy", "compiler", "solver", "offload_bandwidth")
+OPTION_NAMES = ("budget", "policy", "compiler", "solver", "offload_bandwidth", "mode")
 SOLVERS = ("auto", "ilp", "fast", "mincut", "save_all", "recompute_all", "per_block", "sqrt_n")
 
 _UNITS = {
@@ -186,6 +186,34 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+# torch.compile modes that capture CUDA graphs: their memory pool holds the
+# step's tensors where the caching allocator, and so the budget, cannot see them.
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def checked_mode(mode: str | None, compiler: str) -> str:
+    """``mode`` as fxckpt compiles with it; ValueError naming the mode where
+    fxckpt cannot honour it."""
+    from fxckpt.compat.inductor import modes
+
+    if mode is None or mode == "default":
+        return "default"
+    if mode not in modes():
+        raise ValueError(f"mode={mode!r} is not a torch.compile mode on this torch; the "
+                         f"modes are {', '.join(map(repr, modes()))}")
+    if compiler != "inductor":
+        raise ValueError(f"mode={mode!r} configures Inductor, and fxckpt compiles with "
+                         f"compiler={compiler!r} (no Inductor): drop mode, or pass "
+                         "compiler='inductor'")
+    if mode in _CUDA_GRAPH_MODES:
+        raise ValueError(
+            f"mode={mode!r} captures CUDA graphs, whose private memory pool holds the "
+            "step's tensors outside what fxckpt plans and measures, so no budget could "
+            "be kept: use mode='max-autotune-no-cudagraphs' for autotuned kernels, or "
+            "compile without fxckpt for CUDA graphs")
+    return mode
+
+
 # What fxckpt.backend() compiles with; explain and pareto default to it too.
 DEFAULT_COMPILER = "inductor"
 
@@ -204,6 +232,9 @@ class Options:
     # prices CPU offload; None: measured on the device the first time a plan
     # can offload (fxckpt/bandwidth.py).
     offload_bandwidth: float | None = None
+    # torch.compile's ``mode``: the Inductor configuration fxckpt's own
+    # compiles run under ("default" adds none).
+    mode: str = "default"
     # Set by the backend, not by users: how many times per step the graph
     # being planned runs (one block graph serving every block). A byte budget
     # then bounds its peak plus what its other runs hold.
@@ -211,7 +242,8 @@ class Options:
 
     @staticmethod
     def create(*, budget: Any = None, policy: Any = None, compiler: str = DEFAULT_COMPILER,
-               solver: str = "auto", offload_bandwidth: Any = None) -> "Options":
+               solver: str = "auto", offload_bandwidth: Any = None,
+               mode: str | None = None) -> "Options":
         if compiler not in COMPILERS:
             raise ValueError(
                 f"compiler={compiler!r} is not known; choose one of {COMPILERS} "
@@ -221,7 +253,8 @@ class Options:
             raise ValueError(f"solver={solver!r} is not known; choose one of {SOLVERS}")
         return Options(budget=parse_budget(budget), policy=resolve_policy(policy),
                        compiler=compiler, solver=solver,
-                       offload_bandwidth=parse_bandwidth(offload_bandwidth))
+                       offload_bandwidth=parse_bandwidth(offload_bandwidth),
+                       mode=checked_mode(mode, compiler))
 
     @staticmethod
     def from_mapping(options: dict | None, **defaults: Any) -> "Options":

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# Property tests draw the same examples on every CI run (a pass never depends
+# on the seed drawn), and fresh ones locally: HYPOTHESIS_PROFILE=ci (.ci/run
+# sets it; so does a CI environment variable) or explore.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "explore"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -22,6 +32,15 @@ def frontiers_afresh(monkeypatch):
     import fxckpt.planning.memo
 
     monkeypatch.setattr(fxckpt.planning.memo, "FRONTIERS", fxckpt.planning.memo.FrontierMemo())
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    """Tests that plan at one thread (CPU kernels' scratch depends on the
+    count) leave the next test at the count it started with."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ def _floor_and_optimal():
     return refused.value.floor_bytes, optimal.peak_bytes
 
 
+@pytest.mark.slow
 def test_budget_sweep_on_gpt():
     floor, optimal = _floor_and_optimal()
     # A range worth sweeping (0.82 since the rewrite takes a tuple's

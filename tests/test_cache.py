@@ -203,7 +203,6 @@ def test_unkeyable_policy_function_is_planned_afresh_with_a_note(plan_cache):
     assert len(_stored(plan_cache)) == 1
 
 @pytest.mark.releases
-
 def test_recompile_follows_the_stored_decision(plan_cache):
     made = []
     for _ in range(2):

@@ -177,7 +177,8 @@ def test_runtime_optimal_plan_under_inductor(name):
                    for e in recomputed)
 
 
-@pytest.mark.parametrize("name", ["chain", "diamond", "attention", "gpt"])
+@pytest.mark.parametrize("name", ["chain", "diamond", "attention",
+                                  pytest.param("gpt", marks=pytest.mark.slow)])
 def test_inductor_default_saves_what_torchs_partitioner_saves(name, monkeypatch,
                                                              reset_dynamo):
     """Without a budget, under Inductor, fxckpt saves what torch.compile's

@@ -283,6 +283,7 @@ def _hf_llama(*, gradient_checkpointing: bool):
     return model, inputs, loss_fn
 
 
+@pytest.mark.slow
 def test_hf_llama_whose_attention_breaks_the_graph(capsys):
     """With gradient checkpointing on, the break inside each checkpointed
     layer makes Dynamo run torch's checkpoint eagerly (torch's fallback);

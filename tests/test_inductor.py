@@ -78,7 +78,6 @@ def test_inductor_matches_inductor_without_recompute(name, solver, exact, device
         assert_close(ref, got, rtol=1e-5, atol=1e-6 if device == "cuda" else 1e-7)
 
 @pytest.mark.releases
-
 def test_own_plans_compile_with_scalar_loop_tails(one_thread, monkeypatch):
     """Inductor's C++ code with vectorized loop tails computed HF Mamba's
     gradients wrong for fxckpt's plan at budget 0.5 (1.15 times their

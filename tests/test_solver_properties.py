@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import LinearConstraint, milp
 
@@ -409,9 +409,9 @@ def test_relaxation_as_running_totals_is_the_same_programme(seed, offload, posit
     try:
         saved, offloaded = ilp.relaxed_saved(problem, budget)
     except Infeasible:
-        assert dense.x is None
-        return
-    assert dense.x is not None
+        saved = offloaded = None
+    assert (saved is None) == (dense.x is None)
+    assume(saved is not None)   # what follows compares two feasible programmes
     c_totals, bounds_totals, (structure, totals) = ilp.relaxation(problem, budget)
     # The dense optimum in the totals programme.
     mapped = np.concatenate([dense.x, memory.A @ dense.x])
@@ -539,9 +539,8 @@ def test_fast_plan_is_never_costlier_than_its_cut_plan_filled(seed, offload, pos
         cut = fast._with_offload(problem, budget,
                                  *fast._cut_plan(problem, budget, CutPlans()))
     except Infeasible:
-        return
-    if problem.peak(*cut) > budget:
-        return
+        cut = None
+    assume(cut is not None and problem.peak(*cut) <= budget)
     price = fast.objective_of(problem)
     filled = fast.fill(problem, budget, *cut)
     with pytest.MonkeyPatch.context() as patch:
@@ -569,20 +568,18 @@ def test_fast_plan_is_never_costlier_than_a_near_miss_repaired(seed, offload, po
         try:
             plan = solve_fast(problem, budget)
         except Infeasible:
-            return
+            plan = None
+        assume(plan is not None)
         rounded = fast._rounded_plans(problem, budget, ilp.Relaxations())
     try:
         cut = fast._with_offload(problem, budget, *fast._cut_plan(problem, budget, CutPlans()))
         fits = [c for c in rounded + [cut] if problem.peak(*c) <= budget]
     except Infeasible:
         fits = [c for c in rounded if problem.peak(*c) <= budget]
-    if not fits:
-        return
+    assume(fits)
     misses = sorted((c for c in rounded if problem.peak(*c) > budget
                      and price(*c) < min(price(*f) for f in fits)), key=lambda c: price(*c))
-    if not misses:
-        return
-    fixed = fast.repaired(problem, budget, misses[0])
+    fixed = fast.repaired(problem, budget, misses[0]) if misses else None
     if fixed is not None:
         assert price(*plan) <= price(*fixed) + 1e-15
 

@@ -49,7 +49,6 @@ def floor_of(model, inputs, **options) -> int:
     return refused.value.floor_bytes
 
 @pytest.mark.releases
-
 def test_recompiles_never_spend_the_budget():
     """A shorter last batch, an eval pass and back, another model explained:
     each recompile replaces its frame's graph in the ledger instead of adding
@@ -71,7 +70,7 @@ def test_recompiles_never_spend_the_budget():
     assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
 
 @pytest.mark.releases
-
+@pytest.mark.slow
 def test_explain_leaves_other_compiled_models_alone():
     calls = []
 
@@ -89,7 +88,6 @@ def test_explain_leaves_other_compiled_models_alone():
     assert len(calls) == 1      # not compiled again: no global reset happened
 
 @pytest.mark.releases
-
 def test_per_block_compile_is_budgeted_for_the_step():
     """torchtitan's layout: each block compiled on its own, one graph serving
     every block. After the first step shows the graph runs n_layer times, it
@@ -309,7 +307,6 @@ def _budget_error(run):
     return error
 
 @pytest.mark.releases
-
 def test_the_step_floor_is_named_and_met_when_asked_for():
     """Two graphs: a budget below what any choice of their plans reaches is
     refused with the step's floor (not one graph's); asking for that floor,

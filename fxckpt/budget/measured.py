@@ -97,7 +97,9 @@ def made_after_the_graphs(grad) -> bool:
     autograd code after the compiled graphs (an output layer or loss left
     eager): not a loss's seed (a scalar), not the zeros of an output the
     loss does not use."""
-    return isinstance(grad, torch.Tensor) and grad.dim() > 0 and bool(grad.any())
+    # A meta tensor holds no values to read (and no memory to count).
+    return isinstance(grad, torch.Tensor) and grad.dim() > 0 and grad.device.type != "meta" \
+        and bool(grad.any())
 
 
 def uncounted_outside_warning(budget: int, format_bytes) -> str:

@@ -12,7 +12,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, CustomPartitioner
 
 __all__ = ["inductor_config", "CustomGraphPass", "CustomPartitionerFn", "compile_fx",
            "compile_fx_inner", "post_grad_passes", "choices_wrapped", "cache_dir",
-           "realize_thresholds", "config_text"]
+           "realize_thresholds", "config_text", "mode_options", "modes"]
 
 
 def compile_fx(*args, **kwargs):
@@ -82,3 +82,22 @@ def realize_thresholds() -> tuple[int, int]:
 def config_text() -> dict:
     """Inductor's configuration as its caches key it."""
     return inductor_config.save_config_portable(ignore_private_configs=False)
+
+
+def mode_options(mode: str) -> dict:
+    """The Inductor configuration ``torch.compile(mode=...)`` sets, as a
+    mapping for ``inductor_config.patch``; KeyError for a mode torch does
+    not know."""
+    from torch._inductor import list_mode_options
+
+    known = list_mode_options()
+    if mode not in known:
+        raise KeyError(mode)
+    return dict(known[mode])
+
+
+def modes() -> tuple[str, ...]:
+    """The modes ``torch.compile`` takes on this release."""
+    from torch._inductor import list_mode_options
+
+    return tuple(list_mode_options())

@@ -85,7 +85,7 @@ def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
     """
     _check_arguments(use_reentrant, determinism_check)
     policy, forward_context, recompute_context = _contexts(context_fn, policy)
-    factory = resolve_policy(policy)
+    factory = _checkpoint_policy(function, policy)
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)  # nothing is saved for backward
 
@@ -105,6 +105,22 @@ def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
     frame.recorder = None
     state.check_after_forward()
     return out
+
+
+def _checkpoint_policy(function: Callable, policy):
+    """``resolve_policy(policy)``; a TypeError naming the keyword's two
+    readers where the value is not a policy: torch.utils.checkpoint hands a
+    ``policy=`` keyword on to the function, fxckpt.checkpoint keeps it."""
+    try:
+        return resolve_policy(policy)
+    except (TypeError, ValueError) as error:
+        name = getattr(function, "__qualname__", None) or type(function).__name__
+        raise TypeError(
+            f"fxckpt.checkpoint(..., policy={policy!r}): fxckpt.checkpoint takes the "
+            f"keyword policy= for itself (what to save; see fxckpt.policies), and this "
+            f"value is not a policy ({error}). If it is meant for {name}, pass it "
+            f"bound: fxckpt.checkpoint(functools.partial({name}, policy=...), *args)"
+        ) from error
 
 
 def checkpoint_sequential(functions, segments: int, input, use_reentrant: Optional[bool] = None,

@@ -21,7 +21,7 @@ from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedge
                            allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory.model import at_sizes, storage_key
 from fxckpt.budget.sizes import SizeCheck, SizesSeen
-from fxckpt.options import DEFAULT_COMPILER, Budget, Options, format_bytes
+from fxckpt.options import DEFAULT_COMPILER, Budget, Options, checked_mode, format_bytes
 from fxckpt.planning.pipeline import Planner
 from fxckpt.report.plan import Plan
 
@@ -86,7 +86,20 @@ class Backend:
         self._unwatched = False
         self._outside_said = False
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], *,
+                 mode: str | None = None, options: dict | None = None):
+        if options is not None:
+            raise TypeError(
+                f"torch.compile(..., options={options!r}) with backend=fxckpt.backend(...): "
+                "fxckpt's options go to fxckpt.backend(budget=..., ...), or use "
+                "backend='fxckpt' with options={...}")
+        if mode is not None and checked_mode(mode, self.options.compiler) != self.options.mode:
+            if self.ledger.run_order() or self.plans:
+                raise ValueError(
+                    f"this fxckpt backend compiled graphs with mode={self.options.mode!r}, "
+                    f"and a torch.compile with mode={mode!r} now uses it: one backend "
+                    "plans one step under one mode; make one fxckpt.backend(...) per mode")
+            self.options = replace(self.options, mode=checked_mode(mode, self.options.compiler))
         if self._watch is not None:
             # Compiling inside the watched step (a graph break) can allocate
             # on the device (Inductor's benchmarks): the peak is not the step's.
@@ -505,7 +518,7 @@ class Backend:
         return (f"fxckpt.backend(budget={o.budget}, policy={o.policy!r}, "
                 f"compiler={o.compiler!r}, solver={o.solver!r}"
                 + (f", offload_bandwidth={o.offload_bandwidth:g}" if o.offload_bandwidth else "")
-                + ")")
+                + (f", mode={o.mode!r}" if o.mode != "default" else "") + ")")
 
 
 # Corrections of a step's plans for bytes measured beyond the memory model's.
@@ -530,7 +543,7 @@ def _compiled_points(entry: LedgerEntry) -> tuple:
 
 
 def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
-            solver: str = "auto", offload_bandwidth=None) -> Backend:
+            solver: str = "auto", offload_bandwidth=None, mode: str | None = None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 
     ``budget``: bytes (int) or a string such as "512MiB", for the whole
@@ -546,31 +559,47 @@ def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
     ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
     between device and pinned host memory, the price of CPU offload under a
     budget; None measures it on the device once per process.
+    ``policy``: which values to save or recompute whatever the budget
+    (fxckpt.policies: a policy name, a function of the node, or a policy
+    object). ``solver``: one of fxckpt.options.SOLVERS ("auto" picks the
+    exact programme where it is quick, else the fast solver).
+    ``mode``: torch.compile's, for fxckpt's Inductor compiles (it may also
+    come from ``torch.compile(..., mode=...)``); the modes that capture
+    CUDA graphs are refused, since no budget could be kept under them.
     """
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
-                             offload_bandwidth=offload_bandwidth)
+                             offload_bandwidth=offload_bandwidth, mode=mode)
     return Backend(options)
 
 
-def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, **_):
+def fxckpt_backend(gm: fx.GraphModule, example_inputs, options: dict | None = None,
+                   mode: str | None = None, **unknown):
     """Entry point for ``torch.compile(model, backend="fxckpt", options={...})``.
 
     Dynamo calls it once per graph with the ``options`` mapping of that
-    ``torch.compile`` call; the graphs of one call share one Backend, and so
-    one budget for the step."""
-    return _backend_for(options)(gm, example_inputs)
+    ``torch.compile`` call, or its ``mode`` (torch.compile takes one or the
+    other; ``options={"mode": ...}`` sets both); the graphs of one call share
+    one Backend, and so one budget for the step."""
+    if unknown:
+        raise TypeError(f"the fxckpt backend was called with {sorted(unknown)}, which it "
+                        "does not take: torch.compile passes it mode= or options= only")
+    return _backend_for(options, mode)(gm, example_inputs)
 
 
 # One Backend per torch.compile call with options, keyed by the options
 # mapping that call passes with every graph (kept, so its id stays its own).
-_by_options: dict[int, tuple[dict | None, Backend]] = {}
+_by_options: dict[tuple[int, str | None], tuple[dict | None, Backend]] = {}
 
 
-def _backend_for(options: dict | None) -> Backend:
-    kept = _by_options.get(id(options))
+def _backend_for(options: dict | None, mode: str | None = None) -> Backend:
+    """The Backend of one torch.compile call: one per options mapping (and
+    mode, where torch.compile passes that instead)."""
+    key = (id(options), mode)
+    kept = _by_options.get(key)
     if kept is None or kept[0] is not options:
-        kept = (options, Backend(Options.from_mapping(options)))
-        _by_options[id(options)] = kept
+        defaults = {"mode": mode} if mode is not None else {}
+        kept = (options, Backend(Options.from_mapping(options, **defaults)))
+        _by_options[key] = kept
     return kept[1]
 
 

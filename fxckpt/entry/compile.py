@@ -50,7 +50,8 @@ from fxckpt.report.plan import Plan
 
 
 def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "inductor",
-            solver: str = "auto", offload_bandwidth=None) -> "CompiledModule":
+            solver: str = "auto", offload_bandwidth=None,
+            mode: str | None = None) -> "CompiledModule":
     """``torch.compile(model, backend=fxckpt.backend(...))``, and the
     submodules whose forward Dynamo cannot compile in one graph run under
     ``fxckpt.checkpoint`` with ``policy``, or with less of it where the
@@ -61,7 +62,12 @@ def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "indu
         raise TypeError(f"fxckpt.compile takes an nn.Module, got {type(model).__name__}; "
                         "for a function use torch.compile(fn, backend=fxckpt.backend(...))")
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
-                             offload_bandwidth=offload_bandwidth)
+                             offload_bandwidth=offload_bandwidth, mode=mode)
+    return compiled_with(model, options)
+
+
+def compiled_with(model: nn.Module, options: Options) -> "CompiledModule":
+    """``fxckpt.compile`` with its options read; what unpickling calls."""
     fallback = Fallback(model, options)
     compiled = torch.compile(model, backend=fallback.backend)
     return CompiledModule(model, compiled.dynamo_ctx, fallback)
@@ -71,16 +77,16 @@ class CompiledModule(OptimizedModule):
     """What ``torch.compile`` returns, plus the fallback: regions are found
     on the first call, and ``fxckpt_report`` describes them and the plans."""
 
+    # A class attribute, so that OptimizedModule's __setattr__ keeps it here
+    # rather than on the user's model.
     _fxckpt: "Fallback | None" = None
 
-    def __init__(self, mod: nn.Module, dynamo_ctx, fallback: "Fallback | None" = None) -> None:
+    def __init__(self, mod: nn.Module, dynamo_ctx, fallback: "Fallback") -> None:
         super().__init__(mod, dynamo_ctx)
         self._fxckpt = fallback
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fallback = self._fxckpt
-        if fallback is None:  # unpickled: a plain compiled module
-            return super().__call__(*args, **kwargs)
         fallback.prepare(args, kwargs)
         fallback.begin_step()
         with fallback.ledger.step():
@@ -88,9 +94,13 @@ class CompiledModule(OptimizedModule):
 
     @property
     def fxckpt_report(self) -> "FallbackReport":
-        if self._fxckpt is None:
-            raise RuntimeError("this module was unpickled; its fxckpt report is gone")
         return self._fxckpt.report()
+
+    def __reduce__(self):
+        """Pickled as its model and options, as torch.compile's modules are
+        as their model and compile settings: the module unpickled compiles
+        afresh, planning at its first step what this one planned at its."""
+        return (compiled_with, (self._orig_mod, self._fxckpt.options))
 
 
 @dataclass(frozen=True)

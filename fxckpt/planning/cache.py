@@ -99,7 +99,7 @@ def _options_text(options: Options, num_lifted_params: int) -> str:
                             "whose answers cannot be written out")
         policy = cache_text()
     return (f"budget={options.budget!r} compiler={options.compiler} solver={options.solver} "
-            f"offload_bandwidth={options.offload_bandwidth!r} "
+            f"offload_bandwidth={options.offload_bandwidth!r} mode={options.mode} "
             f"runs_per_step={options.runs_per_step} lifted={num_lifted_params} policy={policy}")
 
 

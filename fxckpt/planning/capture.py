@@ -22,7 +22,7 @@ from fxckpt.compat.aot import aot_autograd, boxed_nop, functorch_config
 from fxckpt.compat.dynamo import compile_isolated
 from fxckpt.compat.releases import TESTED, newer_than_tested
 from fxckpt.compat.inductor import (CustomPartitionerFn, compile_fx, compile_fx_inner,
-                                    inductor_config, post_grad_passes)
+                                    inductor_config, mode_options, post_grad_passes)
 from fxckpt.compat.wrapper_code import UnreadableCode
 from fxckpt.inductor.compiled_peak import (fallback_outputs, fallback_scratch, step_peak,
                                            tangent_bytes)
@@ -330,7 +330,10 @@ def _inductor(gm, example_inputs, planner, uuid, code: dict[str, str],
         patches["enable_autograd_cache"] = False
 
     with functorch_config.patch(patches), recompute_apart(own):
+        # torch.compile's mode as Inductor would take it (its options first,
+        # so that fxckpt's own entries stand).
         return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches={
+            **mode_options(planner.options.mode),
             "custom_partitioner_fn": _InductorPartitioner(planner, uuid, facts),
             # The user's post-grad passes, then fxckpt's: an ``addmm`` Inductor
             # made of a matmul and a late add split back (inductor/addmm.py).

@@ -44,6 +44,7 @@ from fxckpt.types import Decision
 from fxckpt.solve import descents, fills, swaps
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
                                     sqrt_segments)
+from fxckpt.solve.cut import NoFiniteCut
 from fxckpt.solve.candidates import (Candidate, Evaluate, mask, non_dominated, plan_cost,
                                      plan_key)
 from fxckpt.solve.fast import CutPlans, solve_fast
@@ -169,6 +170,19 @@ def step_plans(problem: Problem, evaluate: Evaluate, lower: Candidate,
                          + swaps.step_swaps(problem, evaluate, lower, upper))
 
 
+def _seeds(problem: Problem) -> list[Decision]:
+    """The baselines' plans the frontier starts from; a baseline whose
+    blocks leave a value backward needs neither saved nor recomputed
+    (NoFiniteCut) seeds nothing, the others still do."""
+    seeds = []
+    for baseline in (recompute_all, per_block, lean_blocks, per_part, sqrt_segments):
+        try:
+            seeds.append(baseline(problem))
+        except NoFiniteCut:
+            continue
+    return seeds
+
+
 def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_optimal,
                     *, again_from_seeds: bool = True) -> list[Candidate]:
     """Plans on the exact peak / time cost frontier, lowest peak first.
@@ -186,9 +200,7 @@ def pareto_frontier(problem: Problem, evaluate: Evaluate, solver: str, runtime_o
         return Candidate(decision, *evaluated[key], plan_cost(problem, decision))
 
     found = [Candidate(*runtime_optimal, plan_cost(problem, runtime_optimal[0]))]
-    found += [candidate(d) for d in (recompute_all(problem), per_block(problem),
-                                     lean_blocks(problem), per_part(problem),
-                                     sqrt_segments(problem))]
+    found += [candidate(d) for d in _seeds(problem)]
 
     base = problem
     # Cut plans by price, shared by every solve and _cut_plans (all on base
