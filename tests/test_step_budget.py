@@ -60,14 +60,14 @@ def test_recompiles_never_spend_the_budget():
     for size, seq in ((4, 48), (3, 40), (4, 48)):
         inputs, loss_fn = batch(size, seq)
         assert_bitwise_equal(run_step(gpt(), inputs, loss_fn), run_step(compiled, inputs, loss_fn))
-        assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
+        assert measured_step(compiled, inputs, loss_fn) <= budget
         model.eval()
         with torch.no_grad():
             compiled(*inputs)
         model.train()
     other, _ = gpt(GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=2, n_embd=32)), None
     fxckpt.explain(other, *inputs, compiler="eager")
-    assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
+    assert measured_step(compiled, inputs, loss_fn) <= budget
 
 @pytest.mark.releases
 @pytest.mark.slow
@@ -110,6 +110,8 @@ def test_per_block_compile_is_budgeted_for_the_step():
     assert be.replans == 1
     assert [entry.runs for entry in be.ledger.live()] == [CONFIG.n_layer]
     assert any("re-planned" in note for note in be.ledger.live()[0].plan.notes)
+    # Not yet within the budget exactly: the re-planned step measures 2,318,856 B
+    # against 2,253,216 B (pytest tests/test_step_budget.py -k per_block).
     assert second <= budget * 1.05
     assert measured_step(model, inputs, loss_fn) <= budget * 1.05
     assert_bitwise_equal(run_step(gpt(), inputs, loss_fn), run_step(model, inputs, loss_fn))
@@ -228,7 +230,7 @@ def test_the_string_backend_shares_one_budget_across_graphs():
     compiled = torch.compile(SplitInTwo(), backend="fxckpt",
                              options={"budget": floor, "compiler": "eager"})
     peaks = [measured_step(compiled, inputs, loss_fn) for _ in range(3)]
-    assert max(peaks[1:]) <= floor * 1.05
+    assert max(peaks[1:]) <= floor
     torch._dynamo.reset()
     budget = (floor + optimal) // 2
     model = SplitInTwo()
@@ -236,7 +238,7 @@ def test_the_string_backend_shares_one_budget_across_graphs():
                              options={"budget": budget, "compiler": "eager"})
     assert_bitwise_equal(run_step(SplitInTwo(), inputs, loss_fn),
                          run_step(compiled, inputs, loss_fn))
-    assert measured_step(compiled, inputs, loss_fn) <= budget * 1.05
+    assert measured_step(compiled, inputs, loss_fn) <= budget
 
 
 def test_dynamic_sizes_are_checked_where_they_run():
@@ -249,7 +251,7 @@ def test_dynamic_sizes_are_checked_where_they_run():
     budget = int(floor_of(gpt(), small) * 1.1)
     compiled = torch.compile(gpt(), backend=fxckpt.backend(compiler="eager", budget=budget),
                              dynamic=True)
-    assert measured_step(compiled, small, small_loss) <= budget * 1.05
+    assert measured_step(compiled, small, small_loss) <= budget
     with pytest.raises(Exception) as raised:
         measured_step(compiled, large, large_loss)
     error = raised.value
@@ -262,8 +264,8 @@ def test_dynamic_sizes_are_checked_where_they_run():
     budget = int(floor_of(gpt(), large) * 1.1)
     compiled = torch.compile(gpt(), backend=fxckpt.backend(compiler="eager", budget=budget),
                              dynamic=True)
-    assert measured_step(compiled, large, large_loss) <= budget * 1.05
-    assert measured_step(compiled, small, small_loss) <= budget * 1.05
+    assert measured_step(compiled, large, large_loss) <= budget
+    assert measured_step(compiled, small, small_loss) <= budget
     assert_bitwise_equal(run_step(gpt(), small, small_loss),
                          run_step(compiled, small, small_loss))
 
@@ -336,7 +338,7 @@ def test_the_step_floor_is_named_and_met_when_asked_for():
         warnings.simplefilter("ignore")
         peaks = [measured_step(compiled, inputs, loss_fn) for _ in range(3)]
     assert len(be.ledger.live()) == 2
-    assert all(peak <= floor * 1.05 for peak in peaks[1:])
+    assert all(peak <= floor for peak in peaks[1:])
     assert_bitwise_equal(run_step(SplitInTwo(), inputs, loss_fn), run_step(compiled, inputs, loss_fn))
 
 
