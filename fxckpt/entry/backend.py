@@ -93,13 +93,14 @@ class Backend:
                 f"torch.compile(..., options={options!r}) with backend=fxckpt.backend(...): "
                 "fxckpt's options go to fxckpt.backend(budget=..., ...), or use "
                 "backend='fxckpt' with options={...}")
-        if mode is not None and checked_mode(mode, self.options.compiler) != self.options.mode:
+        mode = self.options.mode if mode is None else checked_mode(mode, self.options.compiler)
+        if mode != self.options.mode:
             if self.ledger.run_order() or self.plans:
                 raise ValueError(
                     f"this fxckpt backend compiled graphs with mode={self.options.mode!r}, "
                     f"and a torch.compile with mode={mode!r} now uses it: one backend "
                     "plans one step under one mode; make one fxckpt.backend(...) per mode")
-            self.options = replace(self.options, mode=checked_mode(mode, self.options.compiler))
+            self.options = replace(self.options, mode=mode)
         if self._watch is not None:
             # Compiling inside the watched step (a graph break) can allocate
             # on the device (Inductor's benchmarks): the peak is not the step's.
