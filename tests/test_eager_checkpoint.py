@@ -634,8 +634,8 @@ def test_torch_style_policies(policy):
 
 
 def test_inside_a_compiled_function():
-    """Dynamo does not trace fxckpt.checkpoint: it runs eagerly between two
-    compiled graphs."""
+    """Under torch.compile the call is a checkpoint region of the compiled
+    graph, as torch's checkpoint is: gradients as without it."""
     w1, w2, x = _params((8, 8), (8, 8), (4, 8))
 
     def model(x, checkpointed):

@@ -23,6 +23,7 @@ inputs are recomputed by the outer one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import weakref
 from dataclasses import dataclass
@@ -39,17 +40,13 @@ from fxckpt.eager.tensors import TensorMeta, describe_meta
 from fxckpt.eager.state import ModuleScope, RecomputeState
 from fxckpt.errors import FxckptError
 from fxckpt.policies.resolve import resolve_policy
+from fxckpt.policies.torch_regions import contexts_for
 
 __all__ = ["checkpoint", "checkpoint_sequential", "RecomputeMismatchError"]
 
 _DETERMINISM_CHECKS = ("default", "none")
 
 
-# Under torch.compile, Dynamo does not trace this function (it cannot trace
-# saved-tensor hooks and dispatch modes): the call is a graph break and runs
-# eagerly, as does ``function`` (torch.compile'd code that ``function`` calls
-# still runs compiled).
-@torch.compiler.disable
 def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
                context_fn: Callable[[], tuple] = noop_context_fn,
                determinism_check: str = "default", debug: bool = False,
@@ -82,8 +79,47 @@ def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
     ``early_stop``: stop the recomputation once it has recomputed every saved
     tensor (default True; ``torch.utils.checkpoint.set_checkpoint_early_stop``
     overrides it, as in torch). False runs the whole function again.
+
+    Under ``torch.compile`` (``fullgraph=True`` included) the call is traced
+    as ``torch.utils.checkpoint.checkpoint`` is, into a region of the compiled
+    graph whose selective-checkpoint contexts ask ``policy``
+    (fxckpt/policies/torch_regions.py): torch's compiler, or fxckpt's backend,
+    recomputes it in the compiled backward, and ``early_stop`` and the
+    per-op determinism check do not apply there.
     """
     _check_arguments(use_reentrant, determinism_check)
+    if torch.compiler.is_compiling():
+        return _traced(function, args, kwargs, context_fn, policy,
+                       determinism_check=determinism_check, debug=debug,
+                       preserve_rng_state=preserve_rng_state)
+    return _eager(function, args, kwargs, context_fn, policy, determinism_check=determinism_check,
+                  debug=debug, early_stop=early_stop, preserve_rng_state=preserve_rng_state)
+
+
+def _traced(function: Callable, args: tuple, kwargs: dict, context_fn: Callable, policy, *,
+            determinism_check: str, debug: bool, preserve_rng_state: bool):
+    """The call as a torch.utils.checkpoint region, for Dynamo to trace (which
+    takes a ``context_fn`` only as a function or a partial of constants: the
+    policy is resolved when torch calls it)."""
+    region = {}
+    if policy is not None:
+        if context_fn is not noop_context_fn:
+            raise ValueError("fxckpt.checkpoint: both policy= and context_fn were given; "
+                             "pass one of them.")
+        region["context_fn"] = functools.partial(contexts_for, policy)
+    elif context_fn is not noop_context_fn:
+        region["context_fn"] = context_fn
+    return torch.utils.checkpoint.checkpoint(
+        function, *args, use_reentrant=False, determinism_check=determinism_check,
+        debug=debug, preserve_rng_state=preserve_rng_state, **region, **kwargs)
+
+
+# Dynamo never traces the eager implementation (saved-tensor hooks and
+# dispatch modes): ``checkpoint`` hands compiled callers to ``_traced``.
+@torch.compiler.disable
+def _eager(function: Callable, args: tuple, kwargs: dict, context_fn: Callable, policy, *,
+           determinism_check: str, debug: bool, early_stop: Optional[bool],
+           preserve_rng_state: bool):
     policy, forward_context, recompute_context = _contexts(context_fn, policy)
     factory = _checkpoint_policy(function, policy)
     if not torch.is_grad_enabled():
@@ -268,6 +304,7 @@ class _Frame:
         tensors = self.recomputed.get(backward)
         if tensors is None:
             tensors = self.recomputed[backward] = self.recompute()
+            self.log.let_go()
             if isinstance(backward, int):
                 # Drop what this backward did not unpack once it ends. Held
                 # weakly: the frame (its saved outputs and inputs) goes as

@@ -31,6 +31,7 @@ by the function, which makes new tensors each time it runs.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -114,13 +115,39 @@ class SavedOutputs:
     # each recomputation gets its own copy to write to.
     serve_copies: bool = False
 
+    # After ``let_go``: the value is held only through what a recomputation
+    # was served (weakly), as torch's selective checkpoint holds it.
+    served: Any = None
+
     def is_stale(self) -> bool:
         tensors = tensor_leaves(self.value)
         return any(version(t) != v for t, v in zip(tensors, self.versions))
 
+    def available(self) -> bool:
+        """Whether the value can be served: kept, or still alive where a
+        recomputation was served it, and not written in place since."""
+        if self.value is None:
+            self.value = _revived(self.served)
+            if self.value is None:
+                return False
+        return not self.is_stale()
+
     def serve(self) -> Any:
         make = copy if self.serve_copies else alias
-        return pytree.tree_map(lambda x: make(x) if isinstance(x, torch.Tensor) else x, self.value)
+        out = pytree.tree_map(lambda x: make(x) if isinstance(x, torch.Tensor) else x,
+                              self.value)
+        if not self.serve_copies:
+            self.served = pytree.tree_map(
+                lambda x: weakref.ref(x) if isinstance(x, torch.Tensor) else x, out)
+        return out
+
+    def let_go(self) -> None:
+        """Drop the strong reference once a recomputation has been served: the
+        backward then frees the value as it goes, and a later backward
+        (retain_graph) runs the op again where it is gone. Copies served for
+        writing are kept (what was served may have been written)."""
+        if not self.serve_copies and self.served is not None:
+            self.value = None
 
     def copy_written_leaves(self, storage: int) -> None:
         """Keep the values from before a write to ``storage``."""
@@ -131,6 +158,16 @@ class SavedOutputs:
         self.value = pytree.tree_map(protect, self.value)
         self.versions = [version(x) for x in tensor_leaves(self.value)]
         self.serve_copies = True
+
+
+def _revived(served: Any) -> Any:
+    """``served``'s weak references as tensors; None if one has died."""
+    if served is None:
+        return None
+    out = pytree.tree_map(lambda x: x() if isinstance(x, weakref.ref) else x, served)
+    leaves = pytree.tree_leaves(served)
+    dead = any(isinstance(w, weakref.ref) and w() is None for w in leaves)
+    return None if dead else out
 
 
 @dataclass
@@ -147,6 +184,11 @@ class OpLog:
     # an explicit generator, which the global RNG replay does not cover.
     generators: dict[tuple[Any, int], tuple[torch.Generator, torch.Tensor, torch.Tensor]] = \
         field(default_factory=dict)
+
+    def let_go(self) -> None:
+        """Each saved output held only where a recomputation was served it."""
+        for saved in self.saved.values():
+            saved.let_go()
 
     def forward_done(self) -> None:
         """Drop what only the forward needed."""
@@ -388,7 +430,7 @@ class Replayer(TorchDispatchMode):
         # where no copy could be taken: the op runs again instead (a random op
         # draws what it drew in the forward, the generators being replayed).
         replays_generator = key in self.log.generators
-        if saved is not None and not saved.is_stale():
+        if saved is not None and saved.available():
             if saved.rng_after is not None:
                 # The op does not run, so the generators must be moved on as it
                 # moved them, for the random ops after it.
