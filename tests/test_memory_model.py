@@ -133,3 +133,72 @@ def test_cuda_values_count_whole_allocator_blocks():
         node.meta["val"] = value
         found.append([nbytes for _, nbytes in storages(node)])
     assert found == [[512], [1024], [0], [12]]
+
+
+_LOSSES = {
+    "mse": lambda a, b, p, t: torch.ops.aten.mse_loss.default(a, b),
+    "mse_sum": lambda a, b, p, t: torch.ops.aten.mse_loss.default(a, b, 2),
+    "mse_none": lambda a, b, p, t: torch.ops.aten.mse_loss.default(a, b, 0),
+    "smooth_l1": lambda a, b, p, t: torch.ops.aten.smooth_l1_loss.default(a, b),
+    "soft_margin": lambda a, b, p, t: torch.ops.aten.soft_margin_loss.default(a, t),
+    "bce": lambda a, b, p, t: torch.ops.aten.binary_cross_entropy.default(p, (t > 0).float()),
+    "l1": lambda a, b, p, t: torch.ops.aten.l1_loss.default(a, b),
+    "huber": lambda a, b, p, t: torch.ops.aten.huber_loss.default(a, b),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LOSSES))
+def test_losses_reduced_in_place(case):
+    """A loss's storage as the memory model reads it from the fake value is
+    the one the kernel allocates: mse_loss, smooth_l1_loss, soft_margin_loss
+    and binary_cross_entropy reduce into their unreduced buffer, so their
+    0-dim result keeps an input-sized storage."""
+    from fxckpt.memory.model import storage_nbytes
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 3, 16, 16), torch.randn(2, 3, 16, 16)
+    p, t = torch.rand(2, 3, 16, 16), torch.randn(2, 3, 16, 16).sign()
+    fn = _LOSSES[case]
+    # The loss is the graph's last op (l1_loss decomposes; bce's target is made inside).
+    node = [n for n in _traced_graph(fn, a, b, p, t) if n.op == "call_function"][-1]
+    assert storage_nbytes(node, node.meta["val"]) == fn(a, b, p, t).untyped_storage().nbytes()
+
+
+def _traced_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return list(make_fx(fn, tracing_mode="fake")(*args).graph.nodes)
+
+
+def test_a_loss_reduced_in_place_is_counted_at_the_floor():
+    """A conv net ending in mse_loss inside the compiled module: the floor
+    fxckpt names is met exactly (the loss's input-sized storage once went
+    uncounted)."""
+    from fxckpt.errors import BudgetError
+    from torch import nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 3, 1)
+
+        def forward(self, x, y):
+            return F.mse_loss(self.c2(F.silu(self.c1(x))), y)
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net, x, y = Net(), torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
+
+    def steps(budget):
+        torch._dynamo.reset()
+        model = fxckpt.compile(net, compiler="eager", budget=budget)
+
+        def step():
+            for p in net.parameters():
+                p.grad = None
+            model(x, y).backward()
+        return [measure_peak_bytes(step) for _ in range(2)]
+
+    with pytest.raises(BudgetError) as info:
+        steps(1)
+    floor = info.value.floor_bytes
+    assert max(steps(floor)) <= floor

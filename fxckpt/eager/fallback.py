@@ -74,7 +74,12 @@ class BreakSite:
 def find_breaks(model: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     """Run ``model(*args, **kwargs)`` once under Dynamo and return the
     reasons (``GraphCompileReason``: reason and user stack) it gave for
-    every graph break, in order."""
+    every graph break, in order.
+
+    It runs without grad, so that this forward saves no activations: it is
+    part of the first step, whose peak the budget bounds (an eager forward
+    with grad peaked 1.6x a U-Net's floor there). Dynamo breaks a graph at
+    the same code either way, unless the model's own code branches on grad mode."""
     kept: list[Any] = []
 
     def record(gm, example_inputs):
@@ -87,7 +92,7 @@ def find_breaks(model: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     # a backend); its list is the complete one where it exists.
     logged = graph_break_reasons()
     start = len(logged) if logged is not None else 0
-    with _side_effects_undone(model, args, kwargs):
+    with _side_effects_undone(model, args, kwargs), torch.no_grad():
         torch.compile(model, backend=record)(*args, **kwargs)
     return list(logged[start:]) if logged is not None else kept
 

@@ -23,7 +23,7 @@ from fxckpt.compat.ops import OpOverload, pytree
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
 from fxckpt import ops as op_kinds
 from fxckpt.passes.rng import rng_state_bytes
-from fxckpt.memory.model import concrete, tensor_bytes, workspace_bytes
+from fxckpt.memory.model import concrete, storage_nbytes, tensor_bytes, workspace_bytes
 
 
 # The answers of a torch.utils.checkpoint region that run its ops again.
@@ -77,7 +77,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
                 storage = storage_owner[ref]
             else:
                 storage_owner[ref] = node.name
-                own_bytes = concrete(val.untyped_storage().nbytes())
+                own_bytes = storage_nbytes(node, val)
         is_input = node.op == "placeholder"
         is_static = False
         if is_input and node.name.startswith("primals"):
