@@ -80,16 +80,6 @@ def is_view(node: fx.Node) -> bool:
     return isinstance(target, OpOverload) and target.is_view
 
 
-# Aliases of their input that are no views by schema (torch 2.15 ends F.linear in one).
-_ALIASING = frozenset({aten._unsafe_view.default})
-
-
-def moves_nothing(op: Any) -> bool:
-    """Whether running ``op`` reads or writes no tensor data: a view, or an
-    alias returning its input's storage under another shape."""
-    return isinstance(op, OpOverload) and (op.is_view or op in _ALIASING)
-
-
 def is_pointwise(node: fx.Node) -> bool:
     target = node.target
     return isinstance(target, OpOverload) and torch.Tag.pointwise in target.tags

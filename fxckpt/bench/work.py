@@ -23,7 +23,6 @@ from fxckpt.compat.ops import HigherOrderOperator, OpOverload
 from fxckpt.bench.measure import (measure_peak_bytes, measure_saved_bytes, synchronize,
                                   time_steps)
 from fxckpt.memory.model import tensor_bytes
-from fxckpt.ops import moves_nothing
 from fxckpt.passes.profile import CostModel, op_flops
 
 
@@ -159,7 +158,7 @@ class WorkCounter(TorchDispatchMode):
         if not isinstance(op, OpOverload):
             return
         flops = op_flops(op, args, kwargs, out)
-        moved = 0 if moves_nothing(op) else tensor_bytes((args, kwargs)) + tensor_bytes(out)
+        moved = 0 if op.is_view else tensor_bytes((args, kwargs)) + tensor_bytes(out)
         self.flops += flops
         self.cost += self.cost_model.seconds(flops, moved)
 

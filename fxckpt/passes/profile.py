@@ -87,7 +87,7 @@ def profile_joint_graph(joint: fx.GraphModule, *, num_fwd_outputs: int,
                                              rerun_custom_ops)
         flops = _flops(node)
         fields = op_fields(node)
-        moved = 0 if op_kinds.moves_nothing(node.target) or node.target is operator.getitem \
+        moved = 0 if fields["is_view"] or node.target is operator.getitem \
             else _bytes_moved(node, inputs, value_bytes)
         nodes[node.name] = NodeProfile(
             name=node.name,
