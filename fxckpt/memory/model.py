@@ -250,8 +250,8 @@ def workspace_bytes(node: fx.Node) -> int:
     (channels-last convolutions hold far more); batch-norm backward holds
     one input-sized buffer; addmm copies its bias; dropout's backward also wraps its scale
     as two scalar tensors; an elementwise op given a Python number (``x *
-    0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and a
-    tensor operand of another dtype, to the dtype it computes in. CUDA
+    0.5``, ``x != 0``) wraps it as a tensor (8 bytes) and converts it, and
+    each tensor operand of another dtype, to the dtype it computes in. CUDA
     kernels of these ops are fused or take scalars as arguments: counted as
     0; CUDA's attention kernels and embedding backward hold buffers
     (``cuda_scratch``). Layer norm's CPU backward holds a float row per
@@ -279,7 +279,7 @@ def workspace_bytes(node: fx.Node) -> int:
     if device != "cpu":
         return 0
     packet = getattr(target, "overloadpacket", None)
-    if packet in MEASURED_OPS:
+    if packet in MEASURED_OPS or _measured_here(packet, args):
         measured = measured_scratch(target, args, concrete)
         if measured is not None:
             return extra + measured
@@ -288,10 +288,33 @@ def workspace_bytes(node: fx.Node) -> int:
         # Its scale, wrapped as tensors: a double, then one of the output's dtype.
         extra += 8 + _element_size(node)
     elif packet in _WRAPS_NUMBERS:
-        extra += _wrapped_number_bytes(args)
+        extra += _promotion_bytes(packet, args)
     elif packet in _CPU_BUFFERS:
         extra += _CPU_BUFFERS[packet](node, args)
     return extra + sum(_nbytes(args[i]) if i >= 0 else _output_bytes(node) for i in operand)
+
+
+def _measured_here(packet, args) -> bool:
+    """CPU calls whose scratch depends on more than a rule of a few lines
+    reads, measured as convolutions are: a matmul with an operand in neither
+    row- nor column-major order (BLAS copies some layouts, not others: a
+    column-major (512, 32) operand of mm 64 KiB, its transpose nothing), abs
+    and angle of a complex tensor (a complex temporary), and a mean in
+    reduced precision (its input widened to float)."""
+    kinds = _MEASURED_WHEN.get(packet)
+    if kinds is None:
+        return False
+    tensors = [a.meta.get("val") for a in args if isinstance(a, fx.Node)]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.layout == torch.strided
+               and not has_symbolic_sizes(t)]
+    return any(kinds(t) for t in tensors)
+
+
+def _mean_buffers(node: fx.Node, args) -> int:
+    """The count it divides by, wrapped as a double and converted to the
+    result's dtype (measured: 12 bytes for float32, 16 for float64; reduced
+    precision is measured instead)."""
+    return 8 + _element_size(node)
 
 
 def _layer_norm_backward_buffers(node: fx.Node, args) -> int:
@@ -329,29 +352,35 @@ def _tensor_of(arg) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _wrapped_number_bytes(args) -> int:
-    """Scratch of an elementwise op (``_WRAPS_NUMBERS``) with a Python number
-    among its operands: the number wrapped as a 0-dim tensor (a double, a
-    long or a bool), converted to the dtype the op computes in where that
-    differs, and so is each tensor operand of another dtype (measured on
-    torch 2.13's CPU kernels: x * 0.5 holds 12 bytes for float32 x, 16 for a
-    float64 x times an int)."""
-    numbers = [a for a in args if isinstance(a, (bool, int, float))]
-    tensors = [a.meta["val"] for a in args
-               if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
-    if not numbers or not tensors:
+def _promotion_bytes(packet, args) -> int:
+    """Scratch of an elementwise op (``_WRAPS_NUMBERS``, ``where``) from type
+    promotion on the CPU: a Python number operand is wrapped as a 0-dim tensor
+    (a double, a long or a bool) and converted to the dtype the op computes
+    in where that differs, and so is each tensor operand of another dtype, at
+    its own size (measured on torch 2.13's CPU kernels: x * 0.5 holds 12
+    bytes for float32 x, 16 for a float64 x times an int; float32 times
+    complex64 converts the float32 operand, 8 bytes an element)."""
+    operands = args[1:3] if packet is _aten.where else args[:2]
+    values = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in operands]
+    if len(values) < 2 or not all(isinstance(v, (torch.Tensor, bool, int, float))
+                                  for v in values):
+        return 0
+    if not any(isinstance(v, torch.Tensor) for v in values):
         return 0
     try:
-        common = torch.result_type(tensors[0], numbers[0])
+        common = torch.result_type(*values)
     except (RuntimeError, TypeError):
         return 0
     scratch = 0
-    for number in numbers:
-        wrapped = (torch.bool if isinstance(number, bool) else
-                   torch.int64 if isinstance(number, int) else torch.float64)
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.dtype != common:
+                scratch += concrete(value.numel()) * common.itemsize
+            continue
+        wrapped = (torch.bool if isinstance(value, bool) else
+                   torch.int64 if isinstance(value, int) else torch.float64)
         scratch += wrapped.itemsize + (common.itemsize if common != wrapped else 0)
-    return scratch + sum(concrete(t.numel()) * common.itemsize
-                         for t in tensors if t.dtype != common)
+    return scratch
 
 
 def _element_size(node: fx.Node) -> int:
@@ -376,12 +405,21 @@ _REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.pr
 _WRAPS_NUMBERS = frozenset({
     _aten.add, _aten.sub, _aten.rsub, _aten.mul, _aten.div, _aten.remainder, _aten.fmod,
     _aten.floor_divide, _aten.eq, _aten.ne, _aten.lt, _aten.le, _aten.gt, _aten.ge,
-    _aten.bitwise_and, _aten.bitwise_or, _aten.bitwise_xor, _aten.xlogy, _aten.copysign})
+    _aten.bitwise_and, _aten.bitwise_or, _aten.bitwise_xor, _aten.xlogy, _aten.copysign,
+    _aten.where})
 # CPU ops that hold buffers of their own, by rule (fxckpt bench --suite scratch).
 _CPU_BUFFERS = {
+    _aten.mean: _mean_buffers,
     _aten.native_layer_norm_backward: _layer_norm_backward_buffers,
     _aten.cumsum: _cumsum_buffers,
     _aten._native_batch_norm_legit_functional: _batch_norm_buffers,
+}
+# Ops measured by running them (_measured_here), when an operand is such.
+_MEASURED_WHEN = {
+    **dict.fromkeys((_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm),
+                    lambda t: not t.is_contiguous()),
+    **dict.fromkeys((_aten.abs, _aten.angle), lambda t: t.is_complex()),
+    _aten.mean: lambda t: t.dtype in (torch.bfloat16, torch.float16),
 }
 # op -> which tensors' bytes the scratch equals (-1: the op's output).
 _WORKSPACE = {
