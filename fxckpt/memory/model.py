@@ -297,8 +297,8 @@ def workspace_bytes(node: fx.Node) -> int:
 def _measured_here(packet, args) -> bool:
     """CPU calls whose scratch depends on more than a rule of a few lines
     reads, measured as convolutions are: a matmul with an operand in neither
-    row- nor column-major order (BLAS copies some layouts, not others: a
-    column-major (512, 32) operand of mm 64 KiB, its transpose nothing), abs
+    row- nor column-major order (the real part of a complex tensor: mm copies
+    it), abs
     and angle of a complex tensor (a complex temporary), and a mean in
     reduced precision (its input widened to float)."""
     kinds = _MEASURED_WHEN.get(packet)
@@ -308,6 +308,18 @@ def _measured_here(packet, args) -> bool:
     tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.layout == torch.strided
                and not has_symbolic_sizes(t)]
     return any(kinds(t) for t in tensors)
+
+
+def _blas_layout(t: torch.Tensor) -> bool:
+    """Whether a matmul operand's last two dimensions are in row- or
+    column-major order (dimensions of size 1 take any stride)."""
+    if t.dim() < 2:
+        return True
+    rows, cols = t.shape[-2], t.shape[-1]
+    row_stride, col_stride = t.stride()[-2], t.stride()[-1]
+    row_major = (cols == 1 or col_stride == 1) and (rows == 1 or row_stride >= cols)
+    column_major = (rows == 1 or row_stride == 1) and (cols == 1 or col_stride >= rows)
+    return row_major or column_major
 
 
 def _mean_buffers(node: fx.Node, args) -> int:
@@ -417,7 +429,7 @@ _CPU_BUFFERS = {
 # Ops measured by running them (_measured_here), when an operand is such.
 _MEASURED_WHEN = {
     **dict.fromkeys((_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm),
-                    lambda t: not t.is_contiguous()),
+                    lambda t: not _blas_layout(t)),
     **dict.fromkeys((_aten.abs, _aten.angle), lambda t: t.is_complex()),
     _aten.mean: lambda t: t.dtype in (torch.bfloat16, torch.float16),
 }
