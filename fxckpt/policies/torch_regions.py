@@ -37,7 +37,9 @@ def policy_fn_for(factory: PolicyFactory) -> Callable:
 
     def policy_fn(ctx, op, *args, **kwargs) -> CheckpointPolicy:
         phase = bool(ctx.is_recompute)
-        decide = deciders.setdefault(phase, factory.for_graph())
+        decide = deciders.get(phase)
+        if decide is None:
+            decide = deciders[phase] = factory.for_graph()
         index = counts[phase] = counts.get(phase, -1) + 1
         answer = decide(OpCall(name=str(index), op=op, args=args, kwargs=kwargs,
                                output=getattr(ctx, "op_output", None)))
