@@ -164,10 +164,9 @@ def _revived(served: Any) -> Any:
     """``served``'s weak references as tensors; None if one has died."""
     if served is None:
         return None
-    out = pytree.tree_map(lambda x: x() if isinstance(x, weakref.ref) else x, served)
-    leaves = pytree.tree_leaves(served)
-    dead = any(isinstance(w, weakref.ref) and w() is None for w in leaves)
-    return None if dead else out
+    if any(isinstance(w, weakref.ref) and w() is None for w in pytree.tree_leaves(served)):
+        return None
+    return pytree.tree_map(lambda x: x() if isinstance(x, weakref.ref) else x, served)
 
 
 @dataclass

@@ -298,9 +298,8 @@ def _measured_here(packet, args) -> bool:
     """CPU calls whose scratch depends on more than a rule of a few lines
     reads, measured as convolutions are: a matmul with an operand in neither
     row- nor column-major order (the real part of a complex tensor: mm copies
-    it), abs
-    and angle of a complex tensor (a complex temporary), and a mean in
-    reduced precision (its input widened to float)."""
+    it), abs and angle of a complex tensor (a complex temporary), and a mean
+    in reduced precision (its input widened to float)."""
     kinds = _MEASURED_WHEN.get(packet)
     if kinds is None:
         return False
@@ -543,8 +542,8 @@ CUDA_BLOCK_BYTES = 512
 # size of the input (a U-Net's plans measured 98,300 B over, an image less
 # 4 B). Re-measured by tests/test_memory_model.py::test_losses_reduced_in_place.
 _REDUCED_IN_PLACE = {
-    torch.ops.aten.mse_loss.default: 2, torch.ops.aten.smooth_l1_loss.default: 2,
-    torch.ops.aten.soft_margin_loss.default: 2, torch.ops.aten.binary_cross_entropy.default: 3,
+    _aten.mse_loss.default: 2, _aten.smooth_l1_loss.default: 2,
+    _aten.soft_margin_loss.default: 2, _aten.binary_cross_entropy.default: 3,
 }
 
 
