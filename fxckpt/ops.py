@@ -398,3 +398,34 @@ def op_kind(func) -> OpKind:
                 random=is_random_op(func))
         _kinds[func] = kind
     return kind
+
+
+class Impurity:
+    """``node.is_impure(impure_random)``, read once per op. For a
+    call_function node FX asks torch's ``is_impure`` of its target
+    alone, except for higher-order operators (auto_functionalized asks of
+    its first argument), which are asked each time. A 10,000-node graph
+    holds a few dozen distinct ops."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, bool] = {}
+
+    def __call__(self, node: fx.Node, impure_random: bool = True) -> bool:
+        target = node.target
+        if node.op != "call_function" or isinstance(target, HigherOrderOperator):
+            return node.is_impure(impure_random)
+        key = (target, impure_random)
+        try:
+            known = self._known.get(key)
+        except TypeError:  # an unhashable target
+            return node.is_impure(impure_random)
+        if known is None:
+            known = self._known[key] = node.is_impure(impure_random)
+        return known
+
+
+def rng_state_bytes(device: torch.device | None) -> int:
+    """Bytes of the generator state ``run_and_save_rng_state`` saves."""
+    if device is not None and device.type == "cuda":
+        return 16  # philox seed and offset
+    return torch.get_rng_state().numel()  # the CPU Mersenne Twister state

@@ -232,7 +232,7 @@ def torch_saved(monkeypatch, run: Callable[[], Any]) -> set[str]:
 
 class DeviceCounters:
     """torch.cuda's two counters for steps run on the CPU in tests, standing
-    in for a device's (fxckpt/budget/measured.py reads them): at the end of
+    in for a device's (fxckpt/memory/measured.py reads them): at the end of
     each step the process's peak rises to what ``step_bytes()`` gives, if
     higher. ``resets`` stands for a user resetting the peak counter before
     each step, so that each step can be read; without it the counter keeps
@@ -262,7 +262,7 @@ def read_as_on_a_device(monkeypatch, counters: DeviceCounters) -> None:
     """fxckpt's backend reads steps' peaks from ``counters``, as if its
     graphs' inputs were on a CUDA device."""
     import fxckpt.entry.backend as backend_module
-    from fxckpt.budget.measured import StepPeakWatch
+    from fxckpt.memory.measured import StepPeakWatch
 
     monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
     monkeypatch.setattr(backend_module, "StepPeakWatch",

@@ -1,9 +1,9 @@
-"""Reading a step's peak off Inductor's wrapper code (fxckpt/inductor/compiled_peak.py)."""
+"""Reading a step's peak off Inductor's wrapper code (fxckpt/memory/compiled_peak.py)."""
 
 import pytest
 
 from fxckpt.compat.wrapper_code import UnreadableCode
-from fxckpt.inductor.compiled_peak import step_peak
+from fxckpt.memory.compiled_peak import step_peak
 
 pytestmark = pytest.mark.releases
 
@@ -369,7 +369,7 @@ def test_fallback_outputs_read_the_planned_graphs():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fxckpt.inductor.compiled_peak import fallback_outputs
+    from fxckpt.memory.compiled_peak import fallback_outputs
 
     graph = make_fx(lambda x: torch.sort(x, dim=-1)[1].float() + x.topk(2)[0].sum())(
         torch.randn(4, 8)).graph
@@ -385,8 +385,8 @@ def test_fallback_scratch_reads_the_planned_graphs():
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxckpt.inductor.compiled_peak import fallback_scratch
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.compiled_peak import fallback_scratch
+    from fxckpt.memory.scratch import workspace_bytes
 
     op = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
     found = {}

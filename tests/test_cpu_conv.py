@@ -52,7 +52,7 @@ def _case(name):
 
 
 def fxckpt_scratch(fn, args) -> int:
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     return workspace_bytes(_traced_op(fn, *args))
 
 
@@ -69,7 +69,7 @@ def test_convolution_scratch_is_what_the_allocator_sees(case):
     one thread (806,016 bytes on one machine, 203,904 on another: the CPU's
     kernels decide), where the
     rule before counted the copies of its operands (19,520)."""
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     torch.set_num_threads(1)
     fn, args = _case(case)
     node = _traced_op(fn, *args)
@@ -83,7 +83,7 @@ def test_convolution_scratch_is_what_the_allocator_sees(case):
 def test_convolution_scratch_is_measured_while_a_profiler_runs():
     """A second profiler cannot start while one runs: the convolution is
     measured in the helper process, and the answer is the same."""
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     torch.set_num_threads(1)
     # A shape no other test measures, so this process has no answer kept.
     fn, args = _conv_backward(torch.randn(3, 8, 6, 6).to(memory_format=torch.channels_last),

@@ -127,7 +127,7 @@ def measured_step(model, inputs, loss_fn) -> int:
 
 def budgeted(make, budget):
     """A model ``make()`` gives, compiled under ``budget``, its first step
-    run. A step read over its budget is corrected for (budget/measured.py);
+    run. A step read over its budget is corrected for (memory/measured.py);
     where that cannot fit, BudgetError names the budget that does, and that
     budget, asked for, must run. Returns (backend, compiled model, budget,
     inputs, loss_fn)."""

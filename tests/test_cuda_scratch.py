@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxckpt.memory.cuda_reduce import reduce_scratch
 from fxckpt.memory.cuda_scratch import cuda_scratch, flash_splits
-from fxckpt.memory.model import concrete, workspace_bytes
+from fxckpt.memory.scratch import workspace_bytes
+from fxckpt.memory.values import concrete
 
 aten = torch.ops.aten
 BACKWARD = {

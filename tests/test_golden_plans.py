@@ -97,7 +97,7 @@ def _named(name: str, golden: dict, key: str) -> list[str]:
 # (chain's relu and tanh, diamond's sin, cos, mul and exp), the attention's
 # softmax saved (backward materialises it) and only views recomputed there.
 # The peaks are read from the code Inductor generates for the plan
-# (fxckpt/inductor/compiled_peak.py: its allocations, reuses and dels, the
+# (fxckpt/memory/compiled_peak.py: its allocations, reuses and dels, the
 # loss tangent held through backward).
 RUNTIME_OPTIMAL_INDUCTOR = {
     "chain": dict(

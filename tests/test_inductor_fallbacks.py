@@ -1,5 +1,5 @@
 """Under Inductor, ops it does not lower run as fallback kernels, which the
-compiled peak (fxckpt/inductor/compiled_peak.py) sizes from the asserts
+compiled peak (fxckpt/memory/compiled_peak.py) sizes from the asserts
 after their calls. A custom operator (torch.library.custom_op, its
 backward another one, as transformers' grouped_mm_fallback for
 mixture-of-experts layers) has its output named again before the assert

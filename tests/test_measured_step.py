@@ -1,5 +1,5 @@
 """A step's measured peak on a CUDA device against a byte budget
-(fxckpt/budget/measured.py), with the allocator's counters stood in for on
+(fxckpt/memory/measured.py), with the allocator's counters stood in for on
 the CPU: a step read over its budget is re-planned with what the memory
 model missed kept aside, or refused with BudgetError naming the smallest
 budget that fits with it -- and that budget, asked for, fits."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fxckpt
-from fxckpt.budget.measured import StepPeakWatch, cuda_device
+from fxckpt.memory.measured import StepPeakWatch, cuda_device
 from fxckpt.entry.backend import Backend
 
 from harness import DeviceCounters, read_as_on_a_device

@@ -15,7 +15,7 @@ from fxckpt.bench.compile import gpt_step
 import fxckpt.planning.memo as memo_module
 from fxckpt.options import Options
 from fxckpt.planning.memo import FRONTIERS, FrontierMemo, frontier_key
-from fxckpt.passes.schedule import Simulated
+from fxckpt.memory.schedule import Simulated
 
 
 @pytest.fixture

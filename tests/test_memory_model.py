@@ -75,8 +75,8 @@ def test_op_scratch_is_what_the_allocator_sees(case):
     _safe_softmax's mask, reduced mask and scalar; dropout backward's widened
     mask and its scale as two scalar tensors; the halves of a split host
     dropout (passes/dropout.py), each a tensor like its input."""
-    from fxckpt.memory.model import workspace_bytes
-    from fxckpt.passes.dropout import APPLY_DROPOUT_MASK, DROPOUT_MASK
+    from fxckpt.memory.scratch import workspace_bytes
+    from fxckpt.kernels.dropout import APPLY_DROPOUT_MASK, DROPOUT_MASK
     torch.set_num_threads(1)
     scores = torch.randn(2, 4, 64, 64)
     mask = torch.rand(2, 4, 64, 64) > 0.2
@@ -105,7 +105,7 @@ def test_a_python_number_operand_is_scratch_the_allocator_sees(case):
     converts it (and tensors of another dtype) to the dtype it computes in:
     HF GPT-2's floor measured 12 bytes over its prediction (a ``mul`` by 0.5
     at the peak) before the memory model counted it."""
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     torch.set_num_threads(1)
     dtype, fn = case
     x = (torch.rand(64, 64) * 10).to(dtype)
@@ -153,7 +153,7 @@ def test_losses_reduced_in_place(case):
     the one the kernel allocates: mse_loss, smooth_l1_loss, soft_margin_loss
     and binary_cross_entropy reduce into their unreduced buffer, so their
     0-dim result keeps an input-sized storage."""
-    from fxckpt.memory.model import storage_nbytes
+    from fxckpt.memory.scratch import storage_nbytes
     torch.manual_seed(0)
     a, b = torch.randn(2, 3, 16, 16), torch.randn(2, 3, 16, 16)
     p, t = torch.rand(2, 3, 16, 16), torch.randn(2, 3, 16, 16).sign()
@@ -213,7 +213,7 @@ def test_type_promotion_scratch_is_what_the_allocator_sees(case):
     """Each tensor operand of another dtype than the op computes in is
     converted at its own size (complex-valued layers' floors measured 1.197x
     their plans before this was counted)."""
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     torch.set_num_threads(1)
     torch.manual_seed(0)
     a = torch.randn(64, 32)
@@ -264,7 +264,7 @@ def test_measured_cpu_scratch_is_what_the_allocator_sees(case):
     """Matmuls with an operand in neither row- nor column-major order, abs and
     angle of complex tensors and reduced-precision means are measured; a
     float32 mean wraps its divisor (12 bytes)."""
-    from fxckpt.memory.model import workspace_bytes
+    from fxckpt.memory.scratch import workspace_bytes
     torch.set_num_threads(1)
     torch.manual_seed(0)
     a, w, bias = torch.randn(512, 32), torch.randn(32, 32), torch.randn(32)

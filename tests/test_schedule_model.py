@@ -1,4 +1,4 @@
-"""The schedule model (fxckpt/passes/schedule.py) gives, for any plan it
+"""The schedule model (fxckpt/memory/schedule.py) gives, for any plan it
 covers, the peak and peak location memory/model.py gives for the graphs the
 rewrite builds: on random programs (linear layers, pointwise ops, views,
 dropout, residuals, reductions) and random valid plans, found by hypothesis.
@@ -23,7 +23,7 @@ from fxckpt.bench.zoo import make_bench_model
 from fxckpt.errors import PlanError
 from fxckpt.memory.model import simulate
 from fxckpt.options import Options
-from fxckpt.passes import schedule
+from fxckpt.memory import schedule
 from fxckpt.passes.rewrite import rewrite, rewrite_orders
 from fxckpt.passes.verify import verify_decision
 from fxckpt.planning.phases import PhaseClock

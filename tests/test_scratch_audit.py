@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from fxckpt.bench.scratch import _measured_scratch, audit, planned_graphs
 from fxckpt.bench.zoo import make_bench_model
-from fxckpt.memory.model import workspace_bytes
+from fxckpt.memory.scratch import workspace_bytes
 
 
 def test_no_planned_op_of_the_gpt_holds_more_scratch_than_modeled():

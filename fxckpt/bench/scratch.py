@@ -28,7 +28,8 @@ import torch.fx as fx
 
 from fxckpt.compat.ops import OpOverload
 from fxckpt.bench.measure import measure_peak_bytes
-from fxckpt.memory.model import device_type, tensor_bytes, workspace_bytes
+from fxckpt.memory.scratch import workspace_bytes
+from fxckpt.memory.values import device_type, tensor_bytes
 
 # Bytes of unmodeled scratch an op may hold before it is reported.
 TOLERANCE = 256

@@ -22,7 +22,7 @@ from fxckpt.compat.autograd import TorchDispatchMode
 from fxckpt.compat.ops import HigherOrderOperator, OpOverload
 from fxckpt.bench.measure import (measure_peak_bytes, measure_saved_bytes, synchronize,
                                   time_steps)
-from fxckpt.memory.model import tensor_bytes
+from fxckpt.memory.values import tensor_bytes
 from fxckpt.passes.profile import CostModel, op_flops
 
 

@@ -3,6 +3,6 @@
 ledger (which graphs and regions a step runs, how often, and the plans that
 together fit the step's budget), sizes (dynamic shapes: the largest sizes
 planned for and the check that refuses larger ones), fit (budget="fit": a
-CUDA device's free memory, less a margin), measured (the first step's peak
-on a CUDA device, read from the allocator, against the budget).
+CUDA device's free memory, less a margin). A step's measured peak is read
+by memory/measured.py.
 """

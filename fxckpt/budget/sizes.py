@@ -23,7 +23,8 @@ import torch
 import torch.fx as fx
 
 from fxckpt.errors import BudgetError
-from fxckpt.memory.model import at_sizes, simulate
+from fxckpt.memory.model import simulate
+from fxckpt.memory.values import at_sizes
 from fxckpt.options import format_bytes
 
 

@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 __all__ = ["TorchDispatchMode", "no_dispatch_modes", "queue_at_backward_end",
            "current_backward", "saved_tensor", "unpacked", "top_saved_tensors_hooks",
-           "version", "profiler_enabled", "exclude_inplace_or_view"]
+           "version", "profiler_enabled", "exclude_inplace_or_view", "host_allocations"]
 
 no_dispatch_modes = _disable_current_modes
 
@@ -102,6 +102,22 @@ def version(tensor: torch.Tensor) -> int:
 
 def profiler_enabled() -> bool:
     return torch._C._autograd._profiler_enabled()
+
+
+def host_allocations(profile) -> list[tuple[int, int, int]]:
+    """The CPU allocator's events in a finished ``torch.autograd.profiler``
+    profile (``profile_memory=True``), as (time in ns, address, bytes:
+    positive allocated, negative freed), in the order they happened."""
+    found, pending = [], list(profile.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if getattr(event.tag, "name", None) != "Allocation":
+            continue
+        block = event.extra_fields
+        if block.device.type == "cpu":
+            found.append((event.start_time_ns, block.ptr, block.alloc_size))
+    return sorted(found, key=lambda e: e[0])
 
 
 def exclude_inplace_or_view():

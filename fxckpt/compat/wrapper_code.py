@@ -1,7 +1,7 @@
 """The Python wrapper code Inductor generates, read as statements.
 
 Inductor's wrapper (``def call(self, args):``) is the allocation order of
-a compiled graph; fxckpt/inductor/compiled_peak.py walks it for the peak.
+a compiled graph; fxckpt/memory/compiled_peak.py walks it for the peak.
 Its format is Inductor's, and changes between releases: torch 2.14 sizes
 a fallback kernel's outputs with ``assert_tensor_metadata`` (dtype
 included) where 2.13 wrote ``assert_size_stride``, and groups input asserts

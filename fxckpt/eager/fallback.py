@@ -44,7 +44,7 @@ from fxckpt.compat.dynamo import graph_break_reasons
 from fxckpt.compat.ops import pytree
 from fxckpt.eager.checkpoint import checkpoint
 from fxckpt.eager.region_policy import RegionBytes, RegionDecider, RegionPolicy, region_bytes
-from fxckpt.memory.model import storage_key
+from fxckpt.memory.values import storage_key
 
 # Dynamo compiles the code after a break as a new function named after the
 # one it resumes ("torch_dynamo_resume_in_forward_at_31").

@@ -47,7 +47,7 @@ from fxckpt.eager.tensors import (TensorMeta, alias, copy, describe_meta, run_on
                                   tensor_leaves, tensor_metas, written_tensors)
 from fxckpt.eager.state import ModuleScope, RngSnapshot, format_where, user_frame
 from fxckpt.errors import FxckptError, warn_once
-from fxckpt.memory.model import storage_key
+from fxckpt.memory.values import storage_key
 from fxckpt.naming import names_of
 from fxckpt.ops import OpKind, op_kind
 from fxckpt.policies.api import Decider, OpCall, check_answer, finish

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.eager.tensors import tensor_leaves
-from fxckpt.memory.model import storage_key
+from fxckpt.memory.values import storage_key
 from fxckpt.ops import op_kind
 from fxckpt.policies.api import Answer, OpCall, PolicyFactory, finish
 

@@ -13,7 +13,7 @@ import torch
 
 from fxckpt.compat.autograd import exclude_inplace_or_view
 from fxckpt.compat.ops import pytree, schema
-from fxckpt.memory.model import storage_key
+from fxckpt.memory.values import storage_key
 from fxckpt.ops import TRAINING_ARGUMENT, UNDECLARED_WRITES
 
 TensorMeta = tuple[tuple[int, ...], torch.dtype, torch.device]

@@ -14,12 +14,12 @@ from fxckpt.compat.dynamo import copy_of_dynamo_graph
 from fxckpt.planning.capture import compile_planned
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
-from fxckpt.budget.measured import (StepPeakWatch, cuda_device, made_after_the_graphs,
+from fxckpt.memory.measured import (StepPeakWatch, cuda_device, made_after_the_graphs,
                                      over_budget_warning, still_over_warning,
                                      uncounted_outside_warning)
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
                            allocate_step, compile_key, step_items, step_peak, weak)
-from fxckpt.memory.model import at_sizes, storage_key
+from fxckpt.memory.values import at_sizes, storage_key
 from fxckpt.budget.sizes import SizeCheck, SizesSeen
 from fxckpt.options import DEFAULT_COMPILER, Budget, Options, checked_mode, format_bytes
 from fxckpt.planning.pipeline import Planner
@@ -69,7 +69,7 @@ class Backend:
         self._end_of_backward_queued = False
         self._floors_made_of: list[str] = []   # of graphs refused at their compile
         # Steps' measured peaks on a CUDA device under a byte budget
-        # (budget/measured.py), in the order read; the first of them, or None
+        # (memory/measured.py), in the order read; the first of them, or None
         # where none was read (no byte budget, not CUDA, or the process had
         # peaked higher before).
         self.step_peaks: list[int] = []
@@ -220,7 +220,7 @@ class Backend:
     def _on_run(self, inputs) -> None:
         """A graph is about to run for training. Under a byte budget on a
         CUDA device the first graph of a step starts watching the step's
-        peak (budget/measured.py), until a step is read within the budget or
+        peak (memory/measured.py), until a step is read within the budget or
         can no longer be read (the process peaked higher before it); a step
         read over it is corrected for (``_on_new_step``)."""
         if self._watch_settled or self._byte_budget() is None \

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from fxckpt.compat.inductor import CustomGraphPass
-from fxckpt.memory.model import tensor_bytes
+from fxckpt.memory.values import tensor_bytes
 
 _aten = torch.ops.aten
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import json
 import subprocess
 import sys
@@ -45,9 +44,8 @@ import sys
 import torch
 import torch.fx as fx
 
-from fxckpt.compat.autograd import no_dispatch_modes, profiler_enabled
+from fxckpt.compat.autograd import host_allocations, no_dispatch_modes, profiler_enabled
 from fxckpt.compat.ops import overload_name
-from fxckpt.bench.measure import block_deltas
 
 _aten = torch.ops.aten
 MEASURED_OPS = frozenset({_aten.convolution, _aten.convolution_backward})
@@ -64,7 +62,7 @@ def measured_scratch(target, args, concrete) -> int | None:
 
 def call_scratch(op: str, parts: tuple) -> int | None:
     """The same for a call read elsewhere (Inductor's wrapper code:
-    inductor/compiled_peak.py): ``op`` is "convolution" or
+    memory/compiled_peak.py): ``op`` is "convolution" or
     "convolution_backward", ``parts`` its arguments in order, each
     ("tensor", sizes, strides, dtype name), ("list", values) or ("const",
     value)."""
@@ -133,9 +131,24 @@ def _run(key) -> int:
         target(*args)           # the first call may set up a kernel's caches
         with torch.autograd.profiler.profile(profile_memory=True, use_kineto=False) as profile:
             out = target(*args)
-    deltas = block_deltas(profile.kineto_results.experimental_event_tree())
     del out
-    return max(max(itertools.accumulate(deltas), default=0) - sum(deltas), 0)
+    return _held_inside(host_allocations(profile))
+
+
+def _held_inside(events) -> int:
+    """The most the call held above what it left allocated: its scratch.
+    Frees of blocks allocated before the call are not its own."""
+    mine, live, high = set(), 0, 0
+    for _, address, nbytes in events:
+        if nbytes > 0:
+            mine.add(address)
+        elif address in mine:
+            mine.discard(address)
+        else:
+            continue
+        live += nbytes
+        high = max(high, live)
+    return max(high - live, 0)
 
 
 class _Helper:

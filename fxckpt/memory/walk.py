@@ -1,6 +1,6 @@
 """memory/model.py's walk of one graph, on arrays: bytes live at each step.
 
-The schedule model (passes/schedule.py) replays a plan's rewritten graphs as
+The schedule model (memory/schedule.py) replays a plan's rewritten graphs as
 sequences of steps without building them; this module walks such a sequence
 with the memory model's rules, given as numbers: which storages each step
 names (and their bytes), which it reads, what it adds while it runs

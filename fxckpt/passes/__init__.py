@@ -1,2 +1,2 @@
 """Graph passes: cse and dropout (the joint graph made ready to plan),
-profile, tag, rewrite (with rng, offload and schedule), verify."""
+profile, tag, rewrite (with rng), verify."""

@@ -36,7 +36,8 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from fxckpt.compat.ops import OpOverload, is_mutable, mutable_args, pytree, storage_id
 from fxckpt.ops import PerOp, is_random, packet
-from fxckpt.passes.graphs import Impurity, lazy_graph_module
+from fxckpt.ops import Impurity
+from fxckpt.passes.graphs import lazy_graph_module
 
 aten = torch.ops.aten
 # Random ops that carry no ``nondeterministic_seeded`` tag.

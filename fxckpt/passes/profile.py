@@ -22,8 +22,9 @@ from torch.utils.flop_counter import flop_registry
 from fxckpt.compat.ops import OpOverload, pytree
 from fxckpt.types import BACKWARD, FORWARD, NodeProfile, Profile
 from fxckpt import ops as op_kinds
-from fxckpt.passes.rng import rng_state_bytes
-from fxckpt.memory.model import concrete, storage_nbytes, tensor_bytes, workspace_bytes
+from fxckpt.ops import rng_state_bytes
+from fxckpt.memory.scratch import storage_nbytes, workspace_bytes
+from fxckpt.memory.values import concrete, tensor_bytes
 
 
 # The answers of a torch.utils.checkpoint region that run its ops again.

@@ -33,8 +33,9 @@ from fxckpt.types import (BACKWARD, Decision, Profile, copy_recomputed_name,
                           recomputed_name)
 from fxckpt.memory.model import StorageMemo, allocation
 from fxckpt.passes import rng
-from fxckpt.passes import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
-from fxckpt.passes.graphs import Impurity, copy_graph_module, fake_mode_of, lazy_graph_module
+from fxckpt.kernels import offload as _registers_offload_ops  # noqa: F401  (fxckpt::offload, fxckpt::reload)
+from fxckpt.ops import Impurity
+from fxckpt.passes.graphs import copy_graph_module, fake_mode_of, lazy_graph_module
 
 @dataclass(frozen=True)
 class Rewritten:

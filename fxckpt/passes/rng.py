@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from fxckpt.compat.ops import run_and_save_rng_state, run_with_rng_state
 from fxckpt.passes.graphs import fake_mode_of
-from fxckpt.ops import random_op_device
+from fxckpt.ops import random_op_device, rng_state_bytes
 
 
 def save_rng_state_in_forward(graph: fx.Graph, node: fx.Node, *, fake_mode=None
@@ -49,13 +49,6 @@ def replay_call(graph: fx.Graph, node: fx.Node, state: fx.Node, args, kwargs,
                                (state, node.target, *args), dict(kwargs), name=name)
     replay.meta = dict(node.meta)
     return replay
-
-
-def rng_state_bytes(device: torch.device | None) -> int:
-    """Bytes of the generator state ``run_and_save_rng_state`` saves."""
-    if device is not None and device.type == "cuda":
-        return 16  # philox seed and offset
-    return torch.get_rng_state().numel()  # the CPU Mersenne Twister state
 
 
 def _state_value(device: torch.device | None, fake_mode):

@@ -46,7 +46,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxckpt.compat.aot import functorch_config
 from fxckpt.compat.inductor import cache_dir, config_text as inductor_config_text
 from fxckpt.compat.ops import FakeTensor, HigherOrderOperator, OpOverload, OpOverloadPacket
-from fxckpt.memory.model import has_symbolic_sizes
+from fxckpt.memory.values import has_symbolic_sizes
 from fxckpt.options import Options
 from fxckpt.policies.digest import Unkeyable, encode
 

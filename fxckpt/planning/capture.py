@@ -24,13 +24,13 @@ from fxckpt.compat.releases import TESTED, newer_than_tested
 from fxckpt.compat.inductor import (CustomPartitionerFn, compile_fx, compile_fx_inner,
                                     inductor_config, mode_options, post_grad_passes)
 from fxckpt.compat.wrapper_code import UnreadableCode
-from fxckpt.inductor.compiled_peak import (fallback_outputs, fallback_scratch, step_peak,
+from fxckpt.memory.compiled_peak import (fallback_outputs, fallback_scratch, step_peak,
                                            tangent_bytes)
 from fxckpt.inductor.addmm import SplitLateAddmm
 from fxckpt.inductor.fusion import recompute_apart
 from fxckpt.errors import BudgetError, warn_once
 from fxckpt.planning.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
-from fxckpt.memory.model import has_symbolic_sizes
+from fxckpt.memory.values import has_symbolic_sizes
 from fxckpt.planning.pipeline import Planner
 
 log = logging.getLogger("fxckpt.planning.capture")
@@ -150,7 +150,7 @@ _RUNTIME_OPTIMAL = -1
 
 def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     """Compile with Inductor and read each plan's real peak off the code it
-    generated (fxckpt/inductor/compiled_peak.py): that is the plan's peak from then
+    generated (fxckpt/memory/compiled_peak.py): that is the plan's peak from then
     on. Under a byte budget, a plan whose compiled code peaks over it is
     thrown away and the graph planned again (``_fitted``); its plans reach
     the caller only then."""

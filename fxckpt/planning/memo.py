@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from fxckpt.passes.schedule import Simulated
+from fxckpt.memory.schedule import Simulated
 from fxckpt.types import Profile, Tag
 
 KEEP = 8

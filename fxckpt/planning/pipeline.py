@@ -5,7 +5,7 @@ them. ``Planner`` is what AOTAutograd calls as its partition function.
 Under a budget the frontier (solve/frontier.py) weighs many candidate plans.
 Rewriting each into FX graphs and simulating those cost most of the planning
 time, so candidates are simulated by the schedule model instead
-(passes/schedule.py: the joint graph read once into lists, each plan's
+(memory/schedule.py: the joint graph read once into lists, each plan's
 rewritten graphs replayed as node sequences and walked with memory/model.py's
 rules, in both backward orders under compiler="eager"), each distinct plan
 once. Only the plan that runs is rewritten, and its real simulation must
@@ -33,7 +33,7 @@ from fxckpt.planning.memo import Recall, frontier_key
 from fxckpt.memory.model import breakdown, simulate
 from fxckpt.options import Options, format_bytes
 from fxckpt.planning.phases import PhaseClock, Progress
-from fxckpt.passes import schedule
+from fxckpt.memory import schedule
 from fxckpt.passes.cse import deduplicated
 from fxckpt.passes.dropout import joined_host_dropouts, split_host_dropouts
 from fxckpt.passes.profile import profile_joint_graph
@@ -56,7 +56,7 @@ log = logging.getLogger("fxckpt.planner")
 
 
 def estimator(model, evaluate: Evaluate) -> Evaluate:
-    """evaluate(decision) by the schedule model (passes/schedule.py), for the
+    """evaluate(decision) by the schedule model (memory/schedule.py), for the
     plans it covers: (Simulated, its timeline), no graphs built; the rest
     are rewritten and simulated."""
     if model is None:
@@ -150,7 +150,7 @@ class Planner:
     # and num_lifted_params: the plan cache may keep them (fxckpt/planning/cache.py).
     caches_plans = True
     # Under a budget, the frontier's candidates are simulated by the schedule
-    # model (passes/schedule.py) where it covers them; False rewrites and
+    # model (memory/schedule.py) where it covers them; False rewrites and
     # simulates every one (the same plans, more slowly).
     estimates = True
     # Under a budget, a frontier built earlier in the process for the same

@@ -58,7 +58,7 @@ class Plan:
     offloaded: tuple[str, ...] = ()   # saved values kept in host memory meanwhile
     offloaded_bytes: int = 0
     offload_seconds: float = 0.0      # their copies out and back, at offload_bandwidth
-    # Where peak_bytes was read from the compiled code (fxckpt/inductor/compiled_peak.py):
+    # Where peak_bytes was read from the compiled code (fxckpt/memory/compiled_peak.py):
     # the memory model's figure for the same plan; None otherwise.
     model_peak_bytes: int | None = None
     offload_bandwidth: float | None = None   # bytes per second one way

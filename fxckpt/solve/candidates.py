@@ -17,7 +17,7 @@ from fxckpt.types import Decision
 class Timeline(Protocol):
     """What the frontier reads of an evaluated plan: its exact peak (and,
     where the evaluation knows it, ``held_at_backward``: see
-    passes/schedule.py's ModelTimeline)."""
+    memory/schedule.py's ModelTimeline)."""
 
     peak_bytes: int
     peak_at: str

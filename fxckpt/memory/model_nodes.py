@@ -1,5 +1,5 @@
 """The joint graph read once into plain per-node records, for the schedule
-model (passes/schedule.py): each node's inputs, storages (numbered), bytes,
+model (memory/schedule.py): each node's inputs, storages (numbered), bytes,
 workspace, device, purity and what the rewrite asks of it."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import torch.fx as fx
 
 from fxckpt.compat.ops import (OpOverload, is_mutable, pytree, run_and_save_rng_state,
                                run_with_rng_state, schema)
-from fxckpt.memory.model import (StorageMemo, device_type, fuses, is_reduction, storage_allocation,
-                           workspace_bytes)
-from fxckpt.ops import PerOp, random_op_device
-from fxckpt.passes.graphs import Impurity
-from fxckpt.passes.rng import rng_state_bytes
+from fxckpt.memory.model import StorageMemo, fuses, is_reduction, storage_allocation
+from fxckpt.memory.scratch import workspace_bytes
+from fxckpt.memory.values import device_type
+from fxckpt.ops import Impurity, PerOp, random_op_device, rng_state_bytes
 from fxckpt.types import BACKWARD, Profile
 
 

@@ -1,4 +1,4 @@
-"""The walk of a schedule model's plan (passes/schedule.py): a sequence of
+"""The walk of a schedule model's plan (memory/schedule.py): a sequence of
 keys -- the joint graph's nodes by index, and the nodes a rewrite adds
 (``Key``: copies of recomputed values and the generator states they
 replay) -- walked with memory/model.py's rules on arrays (memory/walk.py):
@@ -6,7 +6,7 @@ which storages each step makes and reads, what Inductor would inline, and
 the names the rewritten graph gives the nodes (a peak's place).
 
 ``KeyWalk`` is ScheduleModel's half that walks; the other half
-(passes/schedule.py) replays the rewrite into such sequences. It reads the
+(memory/schedule.py) replays the rewrite into such sequences. It reads the
 model's per-node tables (``nodes``, ``storages``, ``workspace``, ...), set
 up by ScheduleModel, and each plan's copies' storages (``fresh``).
 """

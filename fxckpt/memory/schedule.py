@@ -13,7 +13,7 @@ runs each clone -- and walks that sequence with memory/model.py's rules
 (storages live from their producer to their last reader, outputs kept,
 views free, graph inputs not counted, workspace counted while its op runs),
 as arrays, by memory/walk.py. This module replays; the walk is
-passes/schedule_walk.py's (KeyWalk, ScheduleModel's other half).
+memory/schedule_walk.py's (KeyWalk, ScheduleModel's other half).
 
 It covers what the budgeted frontier mostly asks for: plans that save and
 recompute, random recomputes replaying a saved generator state included,
@@ -37,8 +37,8 @@ import numpy as np
 import torch.fx as fx
 
 from fxckpt.memory.walk import Rows, Walk
-from fxckpt.passes.model_nodes import ModelNode, read_joint, rng_calls_impure
-from fxckpt.passes.schedule_walk import Key, KeyWalk
+from fxckpt.memory.model_nodes import ModelNode, read_joint, rng_calls_impure
+from fxckpt.memory.schedule_walk import Key, KeyWalk
 from fxckpt.types import Decision, Profile
 
 

@@ -51,7 +51,8 @@ import torch
 from fxckpt.compat import wrapper_code as code
 from fxckpt.compat.wrapper_code import UnreadableCode
 from fxckpt.memory.cpu_conv import call_scratch
-from fxckpt.memory.model import CUDA_BLOCK_BYTES, device_type, tensor_bytes, workspace_bytes
+from fxckpt.memory.scratch import workspace_bytes
+from fxckpt.memory.values import CUDA_BLOCK_BYTES, device_type, tensor_bytes
 
 
 @dataclass(frozen=True)
