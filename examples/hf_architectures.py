@@ -220,7 +220,7 @@ MODELS = {
     "t5": _causal("T5Config", "T5ForConditionalGeneration", attn="eager", loss_type=None,
                   d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
                   dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, **COMMON),
-    # Other families (stop 54): vision, speech, encoders with other
+    # Other families: vision, speech, encoders with other
     # attentions, newer decoders and MoEs, a state-space model.
     "vit": _other("ViTConfig", "ViTForImageClassification", _images, ("pixel_values", "labels"),
                   hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import torch._functorch.config
 from hypothesis import settings
 
 # Property tests draw the same examples on every CI run (a pass never depends

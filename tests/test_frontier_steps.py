@@ -54,7 +54,7 @@ fills_module = importlib.import_module("fxckpt.solve.fills")
 @settings(max_examples=20, deadline=None)
 @given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast", "auto"]),
        st.booleans())
-# Found by CI at stop 51: the step to the runtime-optimal plan walked down
+# A drawn case that failed once: the step to the runtime-optimal plan walked down
 # to 86,720 B at no cost, unless a fill at 86,784 B took that step's place
 # first (the steps are now walked down before the fills too).
 @example(seed=89, solver="ilp", offload=False)

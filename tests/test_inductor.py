@@ -83,7 +83,7 @@ def test_own_plans_compile_with_scalar_loop_tails(one_thread, monkeypatch):
     gradients wrong for fxckpt's plan at budget 0.5 (1.15 times their
     largest value apart, where the same backward graph run eagerly is
     within 7e-7 of eager PyTorch; `python examples/hf_architectures.py
-    mamba inductor`, BENCHMARKS.md stop 56). Compiles of fxckpt's own plans
+    mamba inductor`). Compiles of fxckpt's own plans
     run their tails scalar; torch's partition compiles as torch.compile
     does, and Inductor's setting is the caller's again afterwards."""
     import torch._inductor.compile_fx as compile_fx

@@ -116,10 +116,10 @@ def test_a_recompile_served_from_caches_runs_the_plan_that_fitted(reset_dynamo, 
     same graph (another process, or after a reset) is served from torch's
     caches: it must get that compile's code, not that of an attempt thrown
     away for peaking over the budget (zoo cnn_bn: it measured 141,352 bytes
-    against a budget of 137,936 before). Since stop 26 the plans made for
-    cnn_bn's budget compile within it (102,440 bytes), so here every
-    attempt at a plan made for the budget is reported over it, as Inductor's
-    code for them was then."""
+    against a budget of 137,936). The plans made for cnn_bn's budget now
+    compile within it (102,440 bytes), so here every attempt at a plan
+    made for the budget is reported over it, as Inductor's code for such a
+    plan can be."""
     import fxckpt.planning.capture as capture
 
     torch.set_num_threads(1)

@@ -27,7 +27,7 @@ from fxckpt.planning.pipeline import Frontier, FrontierPlanner, Planner
 BUDGET_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # The compile suite's GPT is compared at every 5% of the way: at 8 layers
 # (764 forward values) solver="auto" picks the fast solver, and five budgets
-# hid gaps of up to 159% between the two frontiers there (stop 28).
+# hid gaps of up to 159% between the two frontiers there.
 FINE_POSITIONS = tuple(k / 20 for k in range(21))
 
 

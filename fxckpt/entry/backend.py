@@ -547,26 +547,48 @@ def backend(*, budget=None, policy=None, compiler: str = DEFAULT_COMPILER,
             solver: str = "auto", offload_bandwidth=None, mode: str | None = None) -> Backend:
     """A torch.compile backend that plans activation checkpointing.
 
-    ``budget``: bytes (int) or a string such as "512MiB", for the whole
-    training step (fxckpt/budget/ledger.py); or a fraction in [0, 1] (a float, or a
-    string such as "0.5" or "50%") read as torch's activation_memory_budget:
-    0 the floor, 1 the runtime-optimal plan's peak; or "fit" on a CUDA
-    device: the device's free memory when the first graph compiles (what
-    PyTorch's allocator has cached but not allocated counts as free) less
-    10% (fxckpt/budget/fit.py), then a byte budget. "fit" raises ValueError here
-    on a machine without CUDA, FxckptError at the first compile when the
-    graph is not on a CUDA device. None for the runtime-optimal plan.
-    ``compiler``: "inductor" or "eager".
-    ``offload_bandwidth``: bytes per second (or a string such as "12GB/s")
-    between device and pinned host memory, the price of CPU offload under a
-    budget; None measures it on the device once per process.
-    ``policy``: which values to save or recompute whatever the budget
-    (fxckpt.policies: a policy name, a function of the node, or a policy
-    object). ``solver``: one of fxckpt.options.SOLVERS ("auto" picks the
-    exact programme where it is quick, else the fast solver).
-    ``mode``: torch.compile's, for fxckpt's Inductor compiles (it may also
-    come from ``torch.compile(..., mode=...)``); the modes that capture
-    CUDA graphs are refused, since no budget could be kept under them.
+    Args:
+        budget: bytes (int) or a string such as "512MiB", for the whole
+            training step (fxckpt/budget/ledger.py); or a fraction in [0, 1]
+            (a float, or a string such as "0.5" or "50%") read as torch's
+            activation_memory_budget: 0 the floor, 1 the runtime-optimal
+            plan's peak; or "fit" on a CUDA device: the device's free memory
+            when the first graph compiles (what PyTorch's allocator has
+            cached but not allocated counts as free) less 10%
+            (fxckpt/budget/fit.py), then a byte budget. "fit" raises
+            ValueError here on a machine without CUDA, FxckptError at the
+            first compile when the graph is not on a CUDA device. None: the
+            runtime-optimal plan.
+        policy: which values to save, recompute or offload whatever the
+            budget (fxckpt.policies: a policy name, a function of the node,
+            or a policy object).
+        compiler: "inductor" or "eager" (the planned graphs run as aten ops).
+        solver: one of fxckpt.options.SOLVERS ("auto" picks the exact
+            programme where it is quick, else the fast solver; "per_block",
+            "sqrt_n", "save_all", "recompute_all", "mincut": fixed
+            strategies, checked against a byte budget).
+        offload_bandwidth: bytes per second (or a string such as "12GB/s")
+            between device and pinned host memory, the price of CPU offload
+            under a budget; None measures it on the device once per process.
+        mode: torch.compile's, for fxckpt's Inductor compiles (it may also
+            come from ``torch.compile(..., mode=...)``); the modes that
+            capture CUDA graphs are refused, since no budget could be kept
+            under them.
+
+    Returns:
+        A ``Backend`` to pass as ``torch.compile(model, backend=...)``; its
+        ``plans`` hold one Plan per graph compiled with a backward.
+
+    Raises:
+        BudgetError: at the first step (or the first graph that cannot fit)
+            when no plans fit a byte budget; its ``floor_bytes`` is the
+            smallest budget that does.
+
+    Example:
+        >>> be = fxckpt.backend(budget="512MiB")
+        >>> compiled = torch.compile(model, backend=be)
+        >>> loss_fn(compiled(x)).backward()
+        >>> print(be.plans[0])
     """
     options = Options.create(budget=budget, policy=policy, compiler=compiler, solver=solver,
                              offload_bandwidth=offload_bandwidth, mode=mode)

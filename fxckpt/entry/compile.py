@@ -55,9 +55,24 @@ def compile(model: nn.Module, *, budget=None, policy=None, compiler: str = "indu
     """``torch.compile(model, backend=fxckpt.backend(...))``, and the
     submodules whose forward Dynamo cannot compile in one graph run under
     ``fxckpt.checkpoint`` with ``policy``, or with less of it where the
-    budget requires (the module docstring says how). Options are those of
-    ``fxckpt.backend``; a budget covers the compiled graphs and the eager
-    regions together."""
+    budget requires (the module docstring says how).
+
+    Args:
+        model: the ``nn.Module`` to train.
+        budget, policy, compiler, solver, offload_bandwidth, mode: as
+            ``fxckpt.backend``'s; a budget covers the compiled graphs and
+            the eager regions together.
+
+    Returns:
+        A ``CompiledModule`` (a ``torch.compile`` module); its
+        ``fxckpt_report`` lists the plans and the eager regions with why
+        each runs with the policy it does.
+
+    Example:
+        >>> compiled = fxckpt.compile(model, budget="2GB")
+        >>> loss_fn(compiled(x)).backward()
+        >>> print(compiled.fxckpt_report)
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"fxckpt.compile takes an nn.Module, got {type(model).__name__}; "
                         "for a function use torch.compile(fn, backend=fxckpt.backend(...))")

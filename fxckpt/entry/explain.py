@@ -17,12 +17,31 @@ from fxckpt.report.plan import Plan, merge_plans
 def explain(model_or_gm, *example_inputs, budget=None, policy=None,
             solver: str = "auto", offload_bandwidth=None,
             compiler: str = DEFAULT_COMPILER) -> Plan:
-    """Plan checkpointing for ``model_or_gm`` on ``example_inputs`` and return the
-    Plan. A GraphModule is planned directly; an nn.Module is captured with
-    Dynamo on a copy (its buffers and your RNG are left untouched), which runs
-    one forward on the example inputs. ``compiler`` is the backend's: the
-    default matches ``fxckpt.backend()``, so the plan explained is the plan
-    run (Inductor's joint-graph passes change the graph that is planned)."""
+    """Plan checkpointing for ``model_or_gm`` on ``example_inputs``, without training.
+
+    A GraphModule is planned directly; an nn.Module is captured with Dynamo
+    on a copy (its buffers and your RNG are left untouched), which runs one
+    forward on the example inputs.
+
+    Args:
+        model_or_gm: an ``nn.Module``, a function, or a ``GraphModule``.
+        *example_inputs: the inputs of one training step's forward.
+        budget, policy, solver, offload_bandwidth: as ``fxckpt.backend``'s.
+        compiler: the backend's; the default matches ``fxckpt.backend()``,
+            so the plan explained is the plan run (Inductor's joint-graph
+            passes change the graph that is planned).
+
+    Returns:
+        The Plan (``print`` it for the table of what is saved, recomputed
+        and offloaded, why and at what cost).
+
+    Raises:
+        BudgetError: no plan fits ``budget``; its ``floor_bytes`` names the
+            smallest budget that does.
+
+    Example:
+        >>> print(fxckpt.explain(model, x, budget=0.5))
+    """
     if isinstance(model_or_gm, fx.GraphModule):
         from fxckpt.entry.transform import transform
 

@@ -84,14 +84,27 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
            solver: str = "auto", compiler: str = DEFAULT_COMPILER) -> ParetoSweep:
     """Sweep memory budgets for ``model`` on ``example_inputs``.
 
-    ``budgets``: any budget forms (bytes, "512MiB", a fraction of the
-    runtime-optimal peak); None sweeps the frontier itself, one row per
-    plan a budget can select, plus the row without a budget. Nothing is
-    trained: like ``fxckpt.explain``, a copy of the model runs one forward,
-    with the caller's RNG left untouched. Rows come back in the order of
-    ``budgets``; a budget below the floor gives a row without a plan.
-    ``compiler`` defaults to ``fxckpt.backend()``'s, so each row is the plan
-    that backend runs.
+    Nothing is trained: like ``fxckpt.explain``, a copy of the model runs
+    one forward, with the caller's RNG left untouched.
+
+    Args:
+        model: an ``nn.Module`` or a function.
+        *example_inputs: the inputs of one training step's forward.
+        budgets: any budget forms (bytes, "512MiB", a fraction of the
+            runtime-optimal peak); None sweeps the frontier itself, one row
+            per plan a budget can select, plus the row without a budget.
+        policy: as ``fxckpt.backend``'s.
+        solver: "auto", "ilp" or "fast".
+        compiler: defaults to ``fxckpt.backend()``'s, so each row is the
+            plan that backend runs.
+
+    Returns:
+        A ``ParetoSweep``: rows in the order of ``budgets`` (a budget below
+        the floor gives a row without a plan), the frontier's plans, the
+        runtime-optimal plan and the floor; ``print`` it for a table.
+
+    Example:
+        >>> print(fxckpt.pareto(model, x, budgets=[0.0, 0.5, 1.0]))
     """
     if solver not in ("auto", "ilp", "fast"):
         raise ValueError(f"pareto sweeps the budgeted solvers ('auto', 'ilp', 'fast'); "

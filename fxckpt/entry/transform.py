@@ -37,6 +37,36 @@ class Transformed(torch.nn.Module):
 def transform(gm: fx.GraphModule, *example_inputs, budget=None, policy=None,
               compiler: str = "eager", solver: str = "auto",
               offload_bandwidth=None) -> Transformed:
+    """Plan activation checkpointing for a traced graph and compile it.
+
+    Args:
+        gm: a ``torch.fx.GraphModule`` (``torch.fx.symbolic_trace(model)``);
+            its parameters and buffers are shared, not copied.
+        *example_inputs: tensors of the shapes the module trains on.
+        budget: as ``fxckpt.backend``'s, for this one graph (bytes, a string
+            such as "512MiB", a fraction 0..1, "fit"); None: the
+            runtime-optimal plan.
+        policy: as ``fxckpt.backend``'s.
+        compiler: "eager" (the default here: the planned graphs run as aten
+            ops) or "inductor".
+        solver: one of ``fxckpt.options.SOLVERS``.
+        offload_bandwidth: bytes per second (or "12GB/s") pricing CPU
+            offload; None measures it.
+
+    Returns:
+        A ``Transformed`` module that trains by the plan: call it as ``gm``;
+        its ``plan`` is the Plan (None where nothing needs grad).
+
+    Raises:
+        BudgetError: no plan fits ``budget``; its ``floor_bytes`` is the
+            smallest budget that does.
+
+    Example:
+        >>> gm = torch.fx.symbolic_trace(model)
+        >>> run = fxckpt.transform(gm, x, budget=0.5)
+        >>> run(x).sum().backward()
+        >>> print(run.plan)
+    """
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(
             f"fxckpt.transform takes a torch.fx.GraphModule, got {type(gm).__name__}; "

@@ -67,15 +67,15 @@ _FILL_BATCH = 8
 # (387 values: 1.5 s against 0.8 s), for a frontier that without it stays
 # within 3% of the exact programme's at every budget (worst +2.6%; the
 # zoo's GPT: no budget costlier) now that the cut plan is always filled.
-# Measured again at stop 51: up to 600 values, the eleven hidden-32 HF
-# configurations of examples/solvers_hf.py had 230 of 231 budgets within
-# 5% of the exact programme (209 without), ten hidden-64 ones at sequence
-# 128 210 of 210 (185 without), but the compile suite's
+# Polishing up to 600 values instead (`fxckpt bench --suite solvers`): the
+# eleven hidden-32 HF configurations of examples/solvers_hf.py had 230 of
+# 231 budgets within 5% of the exact programme (209 without), ten hidden-64
+# ones at sequence 128 210 of 210 (185 without), but the compile suite's
 # 4-layer GPT planned its budget in 1.46 s against 0.79 s, its first step
-# 1.48x torch.compile's (1.12x without; issue 15's bar is 1.2x). Each
+# 1.48x torch.compile's (1.12x without; the compile suite allows 1.2x). Each
 # solve stops at the root; the root's cuts are what the rounded plans
 # lack, and neither the relaxation's bound nor a neighbourhood of the
-# fast plan (BENCHMARKS.md, stop 51) found them for less.
+# fast plan found them for less.
 _POLISH_MAX_VALUES = 100
 _POLISH_NODES = 200
 # The cut plan is filled besides the cheapest candidate on graphs of up to

@@ -54,7 +54,7 @@ from fxckpt.solve.again import copy_steps
 
 # solver="auto" sweeps with the fast solver and, on graphs up to this many
 # forward values, also aims just under the lowest peak found with the exact
-# ILP (``pareto_frontier``). Until stop 47 it swept with the ILP there: on
+# ILP (``pareto_frontier``). Sweeping with the ILP there instead: on
 # the compile suite's 4-layer GPT (387 values) 10 integer programmes took
 # 0.34 s of its planning (each solved at the root: no start helps), and
 # with steep steps walked down (solve/descents.py) the fast sweep's

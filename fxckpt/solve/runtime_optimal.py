@@ -13,7 +13,7 @@ bytes there instead, recomputing every op but matmuls as if each fused for
 free; on the compile suite's GPT that compiled to more kernels (22 against
 torch's 17 at one layer; torch's partition: 16, as fxckpt refills the
 constant ``iota``) and took 1.16-1.24x torch's compile at four layers,
-where torch's partition takes 0.99x (BENCHMARKS.md, stop 41). It peaks
+where torch's partition takes 0.99x (`fxckpt bench --suite compile`). It peaks
 where torch's default does (there 1,411,592 bytes compiled, against
 1,103,600): plans that save less are a budget's to choose, priced.
 Compiled without fxckpt's fusion refusals (inductor/fusion.py), it runs
