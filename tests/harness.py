@@ -261,9 +261,13 @@ class DeviceCounters:
 def read_as_on_a_device(monkeypatch, counters: DeviceCounters) -> None:
     """fxckpt's backend reads steps' peaks from ``counters``, as if its
     graphs' inputs were on a CUDA device."""
-    import fxckpt.entry.backend as backend_module
-    from fxckpt.memory.measured import StepPeakWatch
+    import fxckpt.memory.measured as measured
 
-    monkeypatch.setattr(backend_module, "cuda_device", lambda inputs: torch.device("cuda", 0))
-    monkeypatch.setattr(backend_module, "StepPeakWatch",
-                        lambda device: StepPeakWatch(device, reader=counters))
+    # The class itself, not a stand-in an earlier call left patched in.
+    watch = getattr(measured.StepPeakWatch, "standing_in_for", measured.StepPeakWatch)
+
+    def stand_in(device, reader=None):
+        return watch(device, reader=counters)
+    stand_in.standing_in_for = watch
+    monkeypatch.setattr(measured, "cuda_device", lambda inputs: torch.device("cuda", 0))
+    monkeypatch.setattr(measured, "StepPeakWatch", stand_in)

@@ -48,7 +48,7 @@ def test_on_the_cpu_nothing_is_watched():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     be = fxckpt.backend(budget=1 << 20, compiler="eager")
     torch.compile(model, backend=be)(torch.randn(4, 8)).sum().backward()
-    assert be.plans and be._watch_settled and be._watch is None
+    assert be.plans and be.watch.settled and be.watch.current is None
     assert be.first_step_peak_bytes is None
 
 
@@ -153,7 +153,7 @@ def test_without_resets_a_lower_step_cannot_be_read_and_is_not(monkeypatch):
     with pytest.warns(UserWarning, match="kept aside"):
         _step(compiled)
     _step(compiled)
-    assert len(be.step_peaks) == 1 and be._watch_settled
+    assert len(be.step_peaks) == 1 and be.watch.settled
     reads = allocator.reads
     _step(compiled)
     assert allocator.reads == reads
@@ -166,10 +166,10 @@ def test_after_three_corrections_an_excess_is_only_reported(monkeypatch):
     floor, optimal = _floor_and_optimal()
     budget = (floor + optimal) // 2
     be, compiled = _watched(monkeypatch, budget, StepAllocator(4096))
-    be._corrections = 3
+    be.watch.corrections = 3
     with pytest.warns(UserWarning, match=r"still measured .* Lower the budget by \d+ bytes"):
         _step(compiled)
-    assert be._watch_settled and be.replans == 0 and be.unmodelled_bytes == 0
+    assert be.watch.settled and be.replans == 0 and be.unmodelled_bytes == 0
 
 
 class Broken(torch.nn.Module):
@@ -191,6 +191,6 @@ def test_a_step_that_compiled_a_graph_meanwhile_is_not_read_but_the_next_is(monk
     be, _ = _watched(monkeypatch, 1 << 30, allocator)
     compiled = torch.compile(Broken(), backend=be)
     _step(compiled)                       # the second graph compiled inside it
-    assert be.step_peaks == [] and not be._watch_settled
+    assert be.step_peaks == [] and not be.watch.settled
     _step(compiled)
-    assert len(be.step_peaks) == 1 and be._watch_settled
+    assert len(be.step_peaks) == 1 and be.watch.settled

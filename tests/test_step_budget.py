@@ -149,7 +149,7 @@ def test_per_block_compile_with_an_eager_head_meets_the_budget_once_a_step_is_re
     assert be.step_peaks == [first_step] and 0 < be.unmodelled_bytes < first_step - budget
     assert measured_step(model, inputs, loss_fn) <= budget
     assert measured_step(model, inputs, loss_fn) <= budget
-    assert be.step_peaks == [first_step] and be._watch_settled
+    assert be.step_peaks == [first_step] and be.watch.settled
     assert_bitwise_equal(run_step(gpt(), inputs, loss_fn), run_step(model, inputs, loss_fn))
 
 

@@ -1,4 +1,13 @@
-"""The torch.compile backend."""
+"""The torch.compile backend.
+
+Three owners, one each: ``GraphCompiler`` (fxckpt/planning/graph_compiler.py)
+plans and compiles one graph for given options; fxckpt/budget/step.py decides
+on numbers (a graph's share of the budget, when the first step is planned
+again, what a measured excess keeps aside); ``StepPeakReader``
+(fxckpt/memory/measured.py) watches a step's measured peak on CUDA.
+``Backend`` is Dynamo's callable: it keeps the step's ledger and its
+``StepState``, which the run and backward callbacks move, and asks the three.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +21,16 @@ import torch.fx as fx
 from fxckpt.compat.autograd import queue_at_backward_end
 from fxckpt.compat.dynamo import copy_of_dynamo_graph
 from fxckpt.planning.capture import compile_planned
+from fxckpt.planning.graph_compiler import GraphCompiler
 from fxckpt.errors import BudgetError, FxckptError, surface_through_dynamo
 from fxckpt.budget.fit import fitted_budget
-from fxckpt.memory.measured import (StepPeakWatch, cuda_device, made_after_the_graphs,
-                                     over_budget_warning, still_over_warning,
-                                     uncounted_outside_warning)
+from fxckpt.budget.step import (StepState, first_step_replans, graph_share, kept_aside_after,
+                                step_floor_error)
+from fxckpt.memory.measured import (StepPeakReader, made_after_the_graphs, over_budget_warning,
+                                    uncounted_outside_warning)
 from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedger, StepRegions,
-                           allocate_step, compile_key, step_items, step_peak, weak)
-from fxckpt.memory.values import at_sizes, storage_key
+                                  allocate_step, compile_key, step_items, step_peak, weak)
+from fxckpt.memory.values import storage_key
 from fxckpt.budget.sizes import SizeCheck, SizesSeen
 from fxckpt.options import DEFAULT_COMPILER, Budget, Options, checked_mode, format_bytes
 from fxckpt.planning.pipeline import Planner
@@ -58,33 +69,32 @@ class Backend:
         self.regions = regions
         self.on_graph = on_graph
         self.compile_fn = compile_fn
+        self.graphs = GraphCompiler(compile_fn, self._keep_plan)
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0
         self.ledger = StepLedger()
+        self.state = StepState()
         self.replans = 0              # graphs re-planned once the step's runs were seen
         self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
         self._sizes = SizesSeen()
-        self._over_budget = False     # a graph of the first step ran at its floor
-        self._first_step_checked = False
-        self._end_of_backward_queued = False
-        self._floors_made_of: list[str] = []   # of graphs refused at their compile
-        # Steps' measured peaks on a CUDA device under a byte budget
-        # (memory/measured.py), in the order read; the first of them, or None
-        # where none was read (no byte budget, not CUDA, or the process had
-        # peaked higher before).
-        self.step_peaks: list[int] = []
-        self.first_step_peak_bytes: int | None = None
+        # Steps' measured peaks on a CUDA device under a byte budget, and the
+        # corrections made for them (memory/measured.py).
+        self.watch = StepPeakReader(_CORRECTIONS)
         # Bytes kept aside for what the memory model does not see, from
-        # measured steps over the budget; at most _CORRECTIONS corrections.
+        # measured steps over the budget.
         self.unmodelled_bytes = 0
-        self._corrections = 0
-        self._measured: tuple[int, torch.device] | None = None
-        self._watch: StepPeakWatch | None = None
-        self._watch_settled = False
-        # No step's peak can be read (the CPU); whether code outside the
-        # graphs was said to be uncounted (``_said_outside``).
-        self._unwatched = False
-        self._outside_said = False
+
+    @property
+    def step_peaks(self) -> list[int]:
+        """Steps' measured peaks on a CUDA device under a byte budget, in
+        the order read."""
+        return self.watch.step_peaks
+
+    @property
+    def first_step_peak_bytes(self) -> int | None:
+        """The first of ``step_peaks``, or None where none was read (no byte
+        budget, not CUDA, or the process had peaked higher before)."""
+        return self.watch.first_step_peak_bytes
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], *,
                  mode: str | None = None, options: dict | None = None):
@@ -101,10 +111,9 @@ class Backend:
                     f"and a torch.compile with mode={mode!r} now uses it: one backend "
                     "plans one step under one mode; make one fxckpt.backend(...) per mode")
             self.options = replace(self.options, mode=mode)
-        if self._watch is not None:
-            # Compiling inside the watched step (a graph break) can allocate
-            # on the device (Inductor's benchmarks): the peak is not the step's.
-            self._watch.compiled_meanwhile = True
+        # Compiling inside the watched step (a graph break) can allocate on
+        # the device (Inductor's benchmarks): the peak is not the step's.
+        self.watch.compiling()
         budget = self.options.budget
         if budget is not None and budget.fit and budget.bytes is None:
             # budget="fit" becomes bytes once, at the first graph (fxckpt/budget/fit.py).
@@ -163,17 +172,16 @@ class Backend:
         planning = False
         try:
             options = self._options_for(frame, compile)
-            planner = Planner(options, on_plan=self._keep_plan)
             planning = True
-            with at_sizes(sizes):
-                runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+            planner, compiled = self.graphs.compile(gm, example_inputs, options, sizes)
+            runner.set_compiled(compiled)
             return options, planner, None
         except BudgetError as refused:
             # The graph's own floor where its planning refused (not where the
             # graphs before it left nothing to plan for).
             own_floor = refused.floor_bytes if planning else None
             alone = not (self.ledger.held_before(frame, compile) or self.regions is not None)
-            if self._byte_budget() is None or (alone and (self._first_step_checked
+            if self._byte_budget() is None or (alone and (self.state.first_step_checked
                                                           or self.refuse_at_compile)):
                 raise
             short = ("this graph alone does not fit the budget" if alone else
@@ -185,83 +193,35 @@ class Backend:
                 "once the step's backward has run, the step is planned again, together, "
                 "or refused with a BudgetError naming the smallest budget that fits it",
                 stacklevel=3)
-            self._over_budget = True
-            self._first_step_checked = False   # the step changed: check it again
-            if refused.dominated_by:
-                self._floors_made_of.append(refused.dominated_by)
+            self.state.graph_did_not_fit(refused.dominated_by)
         if own_floor is None and self.options.compiler == "inductor":
-            own_floor = self._own_floor(gm, example_inputs, sizes)
+            # Under Inductor the lowest compiled peak can lie far below the
+            # memory model's floor plan's; under compiler="eager" they are one plan.
+            own_floor = self.graphs.own_floor(gm, example_inputs, self.options, sizes)
         # At its own floor: the plan its planning named as the lowest (under
         # Inductor the lowest compiled peak, which the memory model's floor
         # plan can compile far above), else the memory model's floor.
         options = replace(self.options, budget=Budget(bytes=own_floor) if own_floor
                           else Budget(fraction=0.0))
-        planner = Planner(options, on_plan=self._keep_plan)
-        with at_sizes(sizes):
-            runner.set_compiled(self.compile_fn(gm, example_inputs, planner))
+        planner, compiled = self.graphs.compile(gm, example_inputs, options, sizes)
+        runner.set_compiled(compiled)
         return options, planner, own_floor
 
-    def _own_floor(self, gm, example_inputs, sizes) -> int | None:
-        """The graph's own floor, named by its planning at a budget no plan
-        fits, where the graphs before it left no budget to plan it for.
-        Under Inductor only: there the lowest compiled peak can lie far
-        below the compiled peak of the memory model's floor plan (HF
-        ConvNeXt: 329,552 B against 1,710,560 B), and the step would be
-        planned, and refused, from the higher one. Under compiler="eager"
-        the two are one plan. None if a plan fits after all."""
-        planner = Planner(replace(self.options, budget=Budget(bytes=1)))
-        try:
-            with at_sizes(sizes):
-                self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
-        except BudgetError as refused:
-            return refused.floor_bytes
-        return None
-
     def _on_run(self, inputs) -> None:
-        """A graph is about to run for training. Under a byte budget on a
-        CUDA device the first graph of a step starts watching the step's
-        peak (memory/measured.py), until a step is read within the budget or
-        can no longer be read (the process peaked higher before it); a step
-        read over it is corrected for (``_on_new_step``)."""
-        if self._watch_settled or self._byte_budget() is None \
-                or len(self.ledger.counting) != 1:
-            return
-        device = cuda_device(inputs)
-        if device is None:
-            self._watch_settled = True
-            self._unwatched = True
-            return
-        self._watch = StepPeakWatch(device)
-        self._watch.start()
+        """A graph is about to run for training. Under a byte budget the
+        first graph of a step starts the watch of its peak (on CUDA)."""
+        if self._byte_budget() is not None and len(self.ledger.counting) == 1:
+            self.watch.step_begins(inputs)
 
     def _watch_ended(self) -> None:
         """The backward of a watched step ended: its measured peak. Over the
         byte budget, the step is checked now (where no fallback regions
         wait for ``fxckpt.compile``'s step boundary) and re-planned with
         what the model missed kept aside."""
-        watch, self._watch = self._watch, None
         budget = self._byte_budget()
-        if watch is None or budget is None:
+        if budget is None:
             return
-        if watch.compiled_meanwhile:    # not the step's own peak: read the next one
-            return
-        peak = watch.peak()
-        if peak is None:                # unknown, and no later step can be read
-            self._watch_settled = True
-            return
-        self.step_peaks.append(peak)
-        if self.first_step_peak_bytes is None:
-            self.first_step_peak_bytes = peak
-        if peak <= budget:
-            self._watch_settled = True
-            return
-        if self._corrections >= _CORRECTIONS:
-            self._watch_settled = True
-            warnings.warn(still_over_warning(peak, budget, watch.device, format_bytes),
-                          stacklevel=2)
-            return
-        self._measured = (peak, watch.device)
-        if self.regions is None:
+        if self.watch.read(budget, format_bytes) and self.regions is None:
             self._first_backward_ended()
 
     def _on_backward(self, first: bool, grad) -> None:
@@ -272,15 +232,15 @@ class Backend:
         the step is checked as soon as this backward ends, so a budget below
         the step's floor is refused from the first ``backward()``. A watched
         step's measured peak is read as the backward ends."""
-        if first and self._unwatched and not self._outside_said:
+        if first and self.watch.unwatched and not self.state.outside_said:
             self._said_outside(grad)
-        if self._watch is not None and not self._watch.queued:
-            self._watch.queued = True
+        if self.watch.to_queue():
             queue_at_backward_end(self._watch_ended)
-        if not self._over_budget or self._first_step_checked or self.regions is not None \
-                or self._end_of_backward_queued:
+        state = self.state
+        if not state.over_budget or state.first_step_checked or self.regions is not None \
+                or state.end_of_backward_queued:
             return
-        self._end_of_backward_queued = True
+        state.end_of_backward_queued = True
         queue_at_backward_end(self._first_backward_ended)
 
     def _said_outside(self, grad) -> None:
@@ -291,20 +251,20 @@ class Backend:
         budget = self._byte_budget()
         if budget is None or not made_after_the_graphs(grad):
             return
-        self._outside_said = True
+        self.state.outside_said = True
         warnings.warn(uncounted_outside_warning(budget, format_bytes), stacklevel=3)
 
     def forward_only_step_ended(self) -> None:
         """A step's forward ran and no backward will (``fxckpt.explain``'s
         capture): where a graph of it ran at its floor, check the step as
         the end of its backward would."""
-        if not self._over_budget:
+        if not self.state.over_budget:
             return
         self.ledger.backward_began()
         self._first_backward_ended()
 
     def _first_backward_ended(self) -> None:
-        self._end_of_backward_queued = False
+        self.state.end_of_backward_queued = False
         # The autograd engine runs this with grad mode off; a re-plan compiles
         # training graphs.
         with torch.enable_grad():
@@ -333,24 +293,10 @@ class Backend:
         budget = self._byte_budget()
         if budget is None:
             return self.options
-        held_by_graphs = self.ledger.held_before(frame, compile)
-        held_elsewhere = self.regions.held_bytes() if self.regions is not None else 0
-        held = held_by_graphs + held_elsewhere + self.unmodelled_bytes
-        remaining = budget - held
-        if remaining <= 0:
-            holders = [f"the {format_bytes(held_by_graphs)} that the graphs running "
-                       "before this one save for backward"] if held_by_graphs else []
-            if held_elsewhere:
-                holders.append(f"the {format_bytes(held_elsewhere)} that eager fallback "
-                               "regions save for backward")
-            if self.unmodelled_bytes:
-                holders.append(f"the {format_bytes(self.unmodelled_bytes)} kept aside for what "
-                               "measured steps held beyond the memory model's reading")
-            raise BudgetError(
-                f"the budget of {format_bytes(budget)} is used up by "
-                f"{' and '.join(holders)}; raise the budget",
-                floor_bytes=held + 1)
-        return replace(self.options, budget=Budget(bytes=remaining))
+        share = graph_share(budget, self.ledger.held_before(frame, compile),
+                            self.regions.held_bytes() if self.regions is not None else 0,
+                            self.unmodelled_bytes)
+        return replace(self.options, budget=Budget(bytes=share))
 
     def step_ended(self) -> bool:
         """The caller's step ended (``fxckpt.compile`` knows where its calls
@@ -367,14 +313,14 @@ class Backend:
         for (``_correct_for_measured``); else the first step is checked
         against the budget once (``_check_first_step``)."""
         budget = self._byte_budget()
-        measured, self._measured = self._measured, None
+        measured = self.watch.take_pending()
         if budget is None:
             return
         if measured is not None:
-            self._first_step_checked = True
+            self.state.first_step_checked = True
             self._correct_for_measured(*measured)
-        elif not self._first_step_checked:
-            self._first_step_checked = True
+        elif not self.state.first_step_checked:
+            self.state.first_step_checked = True
             self._check_first_step()
 
     def _predicted_step(self) -> tuple[int, int]:
@@ -392,16 +338,11 @@ class Backend:
         memory model did not read, say so, and re-plan the step."""
         budget = self._byte_budget()
         model, _ = self._predicted_step()
-        self._over_budget = False
-        kept = max(self.unmodelled_bytes, peak - model)
-        if model + self.unmodelled_bytes <= budget:
-            # The plans were to fit with what was kept: the rest of the
-            # excess happened where the model reads less than its peak.
-            kept = max(kept, self.unmodelled_bytes + peak - budget)
-        self.unmodelled_bytes = kept
-        self._corrections += 1
-        warnings.warn(over_budget_warning(peak, budget, model, kept, device, format_bytes),
-                      stacklevel=3)
+        self.state.over_budget = False
+        self.unmodelled_bytes = kept_aside_after(peak, model, budget, self.unmodelled_bytes)
+        self.watch.corrections += 1
+        warnings.warn(over_budget_warning(peak, budget, model, self.unmodelled_bytes, device,
+                                          format_bytes), stacklevel=3)
         self.replan()
 
     def _check_first_step(self) -> None:
@@ -411,8 +352,8 @@ class Backend:
         budget = self._byte_budget()
         model, reserved = self._predicted_step()
         predicted = model + self.unmodelled_bytes
-        over_budget, self._over_budget = self._over_budget, False
-        if predicted <= budget and not over_budget:
+        over_budget, self.state.over_budget = self.state.over_budget, False
+        if not first_step_replans(predicted, budget, over_budget):
             return
         runs = {e.runs for e in self.ledger.run_order()}
         if not over_budget:   # else said when the graph ran at its floor
@@ -444,29 +385,19 @@ class Backend:
         order = self.ledger.run_order()
         for entry in order:
             if entry.runs > 1 and entry.frontier:
-                entry.frontier = self._frontier_for_runs(entry)
+                gm, example_inputs = self._sources[id(entry)]
+                entry.frontier = self.graphs.frontier_for_runs(gm, example_inputs,
+                                                               self.options, entry.runs)
         graphs, runs_in_order = self._step_graphs()
         try:
             at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions,
                                              reserved=self.unmodelled_bytes)
         except StepFloor as refused:
-            held = sum(r.floor[1] for r in regions)
-            raise BudgetError(
-                f"no plans fit a budget of {format_bytes(budget)} for the whole step: its "
-                f"{len(order)} graph(s) ran {[e.runs for e in order]} time(s) each, and at "
-                f"the lowest peak each can reach the step peaks at "
-                f"{format_bytes(refused.floor)} ({refused.floor} bytes)"
-                + (f", {format_bytes(held)} of it held by {len(regions)} eager fallback "
-                   "region(s) at their floor (their inputs and MUST saves)"
-                   if regions else "")
-                + (f", {format_bytes(self.unmodelled_bytes)} of it measured outside what "
-                   "the memory model reads (tensors made outside the compiled graphs, "
-                   "scratch it does not know) and kept aside" if self.unmodelled_bytes else "")
-                + "".join(f". At its own floor, a graph that did not fit peaks at a point made of {what}"
-                          for what in self._floors_made_of)
-                + f". Raise the budget to at least {refused.floor} bytes, or shrink the "
-                "batch.", floor_bytes=refused.floor,
-                dominated_by="; ".join(self._floors_made_of)) from None
+            raise step_floor_error(
+                budget, [e.runs for e in order], refused.floor, regions=len(regions),
+                regions_held=sum(r.floor[1] for r in regions),
+                kept_aside=self.unmodelled_bytes,
+                floors_made_of=self.state.floors_made_of) from None
         if self.regions is not None:
             self.regions.choose(at_floor)
         items, sequence = step_items(graphs, runs_in_order, regions, at_floor)
@@ -491,25 +422,12 @@ class Backend:
                  for e in graphs],
                 [index[id(e)] for e in self.ledger.order if id(e) in index])
 
-    def _frontier_for_runs(self, entry: LedgerEntry) -> tuple:
-        """The frontier of a graph that runs ``entry.runs`` times per step,
-        by its peak plus its other runs' saved bytes: plans that save less
-        at a higher peak of their own count there."""
-        gm, example_inputs = self._sources[id(entry)]
-        options = replace(self.options, budget=Budget(bytes=2**62), runs_per_step=entry.runs)
-        planner = Planner(options)
-        self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
-        return planner.frontiers_seen[-1]
-
     def _recompile(self, entry: LedgerEntry, step_peak: int, runs: int, *, note: str) -> None:
         """Compile the entry's graph again with the frontier plan whose peak
-        plus its other runs' saved bytes is ``step_peak`` (the cheapest that
-        fits it is that plan)."""
+        plus its other runs' saved bytes is ``step_peak``."""
         gm, example_inputs = self._sources[id(entry)]
-        options = replace(self.options, budget=Budget(bytes=step_peak), runs_per_step=runs)
-        planner = Planner(options, on_plan=self._keep_plan)
-        compiled = self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
-        plan = self._noted(planner.plans[-1])
+        plan, compiled = self.graphs.recompile(gm, example_inputs, self.options, step_peak, runs)
+        plan = self._noted(plan)
         entry.plan = replace(plan, notes=plan.notes + (note,))
         entry.runner().set_compiled(compiled)
         self.replans += 1

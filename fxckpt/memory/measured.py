@@ -26,6 +26,8 @@ refuse the user's own.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 
@@ -34,11 +36,16 @@ class StepPeakWatch:
     ``peak()``; ``reader`` has torch.cuda's ``memory_allocated`` and
     ``max_memory_allocated``."""
 
-    def __init__(self, device: torch.device, reader=torch.cuda) -> None:
-        self.device, self.reader = device, reader
+    def __init__(self, device: torch.device, reader=None) -> None:
+        # None: torch.cuda, looked up when read (a module does not deep-copy).
+        self.device, self._reader = device, reader
         self.allocated_at_start = self.peak_before = 0
         self.queued = False      # its reading is queued for the end of backward
         self.compiled_meanwhile = False   # a graph compiled inside the step: not read
+
+    @property
+    def reader(self):
+        return self._reader if self._reader is not None else torch.cuda
 
     def start(self) -> None:
         self.allocated_at_start = self.reader.memory_allocated(self.device)
@@ -56,6 +63,83 @@ class StepPeakWatch:
         if after <= self.peak_before:
             return None
         return after - self.allocated_at_start
+
+
+class StepPeakReader:
+    """The watch of a byte budget's steps: each step's peak on a CUDA
+    device read from its first graph's run to the end of its backward,
+    until a step is read within the budget, the counters can no longer
+    tell (the process peaked higher before), or ``limit`` corrections were
+    made. A step read over the budget is left ``pending`` for the step's
+    end to correct for.
+
+    ``step_peaks``: the peaks read, in order; ``unwatched``: no step can be
+    read (the CPU)."""
+
+    def __init__(self, limit: int, reader=None) -> None:
+        self.limit = limit
+        self.reader = reader
+        self.current: StepPeakWatch | None = None
+        self.settled = False
+        self.unwatched = False
+        self.step_peaks: list[int] = []
+        self.corrections = 0
+        self.pending: tuple[int, torch.device] | None = None
+
+    @property
+    def first_step_peak_bytes(self) -> int | None:
+        return self.step_peaks[0] if self.step_peaks else None
+
+    def step_begins(self, inputs) -> None:
+        """The step's first graph is about to run with ``inputs``."""
+        if self.settled:
+            return
+        device = cuda_device(inputs)
+        if device is None:
+            self.settled = self.unwatched = True
+            return
+        self.current = StepPeakWatch(device, self.reader)
+        self.current.start()
+
+    def compiling(self) -> None:
+        """A graph compiles inside the watched step (a graph break): what
+        compiling allocates is not the step's, so this step is not read."""
+        if self.current is not None:
+            self.current.compiled_meanwhile = True
+
+    def to_queue(self) -> bool:
+        """Whether a backward of the watched step began whose end should
+        read it (once per step)."""
+        if self.current is None or self.current.queued:
+            return False
+        self.current.queued = True
+        return True
+
+    def read(self, budget: int, format_bytes) -> bool:
+        """The watched step's backward ended: True where it measured over
+        ``budget`` and is to be corrected for (``pending``)."""
+        watch, self.current = self.current, None
+        if watch is None or watch.compiled_meanwhile:   # the next step is read instead
+            return False
+        peak = watch.peak()
+        if peak is None:                # unknown, and no later step can be read
+            self.settled = True
+            return False
+        self.step_peaks.append(peak)
+        if peak <= budget:
+            self.settled = True
+            return False
+        if self.corrections >= self.limit:
+            self.settled = True
+            warnings.warn(still_over_warning(peak, budget, watch.device, format_bytes),
+                          stacklevel=3)
+            return False
+        self.pending = (peak, watch.device)
+        return True
+
+    def take_pending(self) -> tuple[int, torch.device] | None:
+        pending, self.pending = self.pending, None
+        return pending
 
 
 def cuda_device(tensors) -> torch.device | None:
