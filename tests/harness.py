@@ -266,7 +266,7 @@ def read_as_on_a_device(monkeypatch, counters: DeviceCounters) -> None:
     # The class itself, not a stand-in an earlier call left patched in.
     watch = getattr(measured.StepPeakWatch, "standing_in_for", measured.StepPeakWatch)
 
-    def stand_in(device, reader=None):
+    def stand_in(device):
         return watch(device, reader=counters)
     stand_in.standing_in_for = watch
     monkeypatch.setattr(measured, "cuda_device", lambda inputs: torch.device("cuda", 0))

@@ -68,7 +68,6 @@ class Backend:
         self.refuse_at_compile = refuse_at_compile
         self.regions = regions
         self.on_graph = on_graph
-        self.compile_fn = compile_fn
         self.graphs = GraphCompiler(compile_fn, self._keep_plan)
         self.plans: list[Plan] = []
         self.graphs_without_backward = 0

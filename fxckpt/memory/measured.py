@@ -76,9 +76,8 @@ class StepPeakReader:
     ``step_peaks``: the peaks read, in order; ``unwatched``: no step can be
     read (the CPU)."""
 
-    def __init__(self, limit: int, reader=None) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.reader = reader
         self.current: StepPeakWatch | None = None
         self.settled = False
         self.unwatched = False
@@ -98,7 +97,7 @@ class StepPeakReader:
         if device is None:
             self.settled = self.unwatched = True
             return
-        self.current = StepPeakWatch(device, self.reader)
+        self.current = StepPeakWatch(device)
         self.current.start()
 
     def compiling(self) -> None:
