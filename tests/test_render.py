@@ -124,8 +124,9 @@ def test_pareto_sweeps_many_budgets_from_one_capture(monkeypatch):
     budgets = [0.05 * k for k in range(1, 21)]
     sweep = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=budgets)
     assert len(captures) == 1
+    floor, top = sweep.floor_bytes, sweep.runtime_optimal.peak_bytes
     assert [row.budget_bytes for row in sweep.rows] == [
-        int(b * sweep.runtime_optimal.peak_bytes) for b in budgets]
+        int(floor + b * (top - floor)) for b in budgets]
     for row in sweep.rows:
         assert row.fits == (row.budget_bytes >= sweep.floor_bytes)
         if row.fits:

@@ -32,7 +32,8 @@ from fxckpt.budget.ledger import (GraphRunner, LedgerEntry, StepFloor, StepLedge
                                   allocate_step, compile_key, step_items, step_peak, weak)
 from fxckpt.memory.values import storage_key
 from fxckpt.budget.sizes import SizeCheck, SizesSeen
-from fxckpt.options import DEFAULT_COMPILER, Budget, Options, checked_mode, format_bytes
+from fxckpt.solve.select import Fits, Floor
+from fxckpt.options import DEFAULT_COMPILER, Options, checked_mode, format_bytes
 from fxckpt.planning.pipeline import Planner
 from fxckpt.report.plan import Plan
 
@@ -127,7 +128,7 @@ class Backend:
                              self._on_run)
         sizes = self._sizes.plan_at(frame, gm)
         try:
-            options, planner, own_floor = self._plan_and_compile(gm, example_inputs, runner,
+            asked, planner, own_floor = self._plan_and_compile(gm, example_inputs, runner,
                                                                  frame, compile, sizes)
         except FxckptError as error:
             raise surface_through_dynamo(error) from None
@@ -145,11 +146,10 @@ class Backend:
                                  max((cost for _, _, cost in entry.frontier), default=0.0))
         runner.entry = entry
         self.ledger.add(entry)
-        if entry.plan is not None and options.budget is not None \
-                and options.budget.bytes is not None and SizeCheck.needed(gm):
-            check = SizeCheck(gm, planner.graphs[-1], budget=options.budget.bytes,
+        if entry.plan is not None and asked is not None and SizeCheck.needed(gm):
+            check = SizeCheck(gm, planner.graphs[-1], budget=asked,
                               planned_peak=entry.plan.peak_bytes,
-                              fused=options.compiler == "inductor")
+                              fused=self.options.compiler == "inductor")
             runner.size_check = lambda args: self._check_sizes(check, args)
         if source is not None and entry.plan is not None:
             self._sources[id(entry)] = source
@@ -170,11 +170,13 @@ class Backend:
         works even when the model splits into several graphs."""
         planning = False
         try:
-            options = self._options_for(frame, compile)
+            share = self._share(frame, compile)
             planning = True
-            planner, compiled = self.graphs.compile(gm, example_inputs, options, sizes)
+            planner, compiled = self.graphs.compile(
+                gm, example_inputs, self.options, sizes,
+                request=Fits(share) if share is not None else None)
             runner.set_compiled(compiled)
-            return options, planner, None
+            return share, planner, None
         except BudgetError as refused:
             # The graph's own floor where its planning refused (not where the
             # graphs before it left nothing to plan for).
@@ -200,11 +202,11 @@ class Backend:
         # At its own floor: the plan its planning named as the lowest (under
         # Inductor the lowest compiled peak, which the memory model's floor
         # plan can compile far above), else the memory model's floor.
-        options = replace(self.options, budget=Budget(bytes=own_floor) if own_floor
-                          else Budget(fraction=0.0))
-        planner, compiled = self.graphs.compile(gm, example_inputs, options, sizes)
+        planner, compiled = self.graphs.compile(
+            gm, example_inputs, self.options, sizes,
+            request=Fits(own_floor) if own_floor else Floor())
         runner.set_compiled(compiled)
-        return options, planner, own_floor
+        return own_floor or None, planner, own_floor
 
     def _on_run(self, inputs) -> None:
         """A graph is about to run for training. Under a byte budget the
@@ -284,18 +286,17 @@ class Backend:
         budget = self.options.budget
         return budget.bytes if budget is not None else None
 
-    def _options_for(self, frame: int, compile: int) -> Options:
-        """The options for one graph: a byte budget less what the rest of the
-        step holds while it runs (the ledger's graphs and the eager fallback
-        regions). A fraction budget is read per graph: 0 its floor, 1 its
-        runtime-optimal peak."""
+    def _share(self, frame: int, compile: int) -> int | None:
+        """The bytes one graph is asked to fit: a byte budget less what the
+        rest of the step holds while it runs (the ledger's graphs and the
+        eager fallback regions); None without a byte budget (a fraction is
+        read per graph: 0 its floor, 1 its runtime-optimal peak)."""
         budget = self._byte_budget()
         if budget is None:
-            return self.options
-        share = graph_share(budget, self.ledger.held_before(frame, compile),
-                            self.regions.held_bytes() if self.regions is not None else 0,
-                            self.unmodelled_bytes)
-        return replace(self.options, budget=Budget(bytes=share))
+            return None
+        return graph_share(budget, self.ledger.held_before(frame, compile),
+                           self.regions.held_bytes() if self.regions is not None else 0,
+                           self.unmodelled_bytes)
 
     def step_ended(self) -> bool:
         """The caller's step ended (``fxckpt.compile`` knows where its calls

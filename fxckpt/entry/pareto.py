@@ -19,7 +19,8 @@ from typing import Iterable
 from fxckpt.planning.capture import capture_once, compile_planned
 from fxckpt.errors import FxckptError
 from fxckpt.options import DEFAULT_COMPILER, Options, format_bytes, parse_budget
-from fxckpt.planning.pipeline import Frontier, FrontierPlanner
+from fxckpt.planning.pipeline import Frontier, FrontierPlanner, request_for
+from fxckpt.solve.select import bytes_asked
 from fxckpt.report.plan import Plan
 
 
@@ -90,8 +91,9 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
     Args:
         model: an ``nn.Module`` or a function.
         *example_inputs: the inputs of one training step's forward.
-        budgets: any budget forms (bytes, "512MiB", a fraction of the
-            runtime-optimal peak); None sweeps the frontier itself, one row
+        budgets: any budget forms (bytes, "512MiB", a fraction of the way
+            from the floor to the runtime-optimal peak, as ``fxckpt.backend``
+            reads it); None sweeps the frontier itself, one row
             per plan a budget can select, plus the row without a budget.
         policy: as ``fxckpt.backend``'s.
         solver: "auto", "ilp" or "fast".
@@ -116,7 +118,7 @@ def pareto(model, *example_inputs, budgets: Iterable | None = None, policy=None,
     if budgets is None:
         resolved: list[int | None] = [None] + [plan.peak_bytes for plan in frontier.plans]
     else:
-        resolved = [_resolve(b, optimal.peak_bytes) for b in budgets]
+        resolved = [_resolve(b, frontier) for b in budgets]
     rows = tuple(_row(frontier, budget) for budget in resolved)
     return ParetoSweep(rows=rows, frontier=frontier.plans, runtime_optimal=optimal,
                        floor_bytes=frontier.plans[0].peak_bytes,
@@ -147,9 +149,12 @@ def capture_frontier(model, *example_inputs, policy=None, solver: str = "auto",
     return planner.frontiers[0]
 
 
-def _resolve(budget, runtime_optimal_peak: int) -> int | None:
-    parsed = parse_budget(budget)
-    return None if parsed is None else parsed.resolve(runtime_optimal_peak)
+def _resolve(budget, frontier: Frontier) -> int | None:
+    """The bytes a budget asks of the graph, as the backend reads it (a
+    fraction of the way from the floor to the runtime-optimal peak)."""
+    request = request_for(parse_budget(budget))
+    return None if request is None else bytes_asked(
+        request, frontier.plans[0].peak_bytes, frontier.runtime_optimal.peak_bytes)
 
 
 def _row(frontier: Frontier, budget: int | None) -> ParetoRow:

@@ -77,13 +77,16 @@ class CacheKey:
         return (self.digest or "")[:12]
 
 
-def plan_key(gm: fx.GraphModule, example_inputs, options: Options, *,
+def plan_key(gm: fx.GraphModule, example_inputs, options: Options, *, request=None,
              num_lifted_params: int = 0) -> CacheKey:
-    """The key of ``gm`` planned with ``options`` (see the module docstring)."""
+    """The key of ``gm`` planned with ``options`` (see the module docstring)
+    and, where the graph is asked for something other than the options'
+    budget, ``request`` (solve/select.py)."""
     try:
         text = "\n".join((
             _FORMAT, f"python {sys.version}", f"torch {torch.__version__}",
             f"fxckpt {_source_digest()}", _options_text(options, num_lifted_params),
+            *([f"request {request!r}"] if request is not None else []),
             _state_text(), _config_text(), _inputs_text(example_inputs), _graph_text(gm)))
     except Unkeyable as error:
         return CacheKey(None, str(error))
@@ -240,9 +243,9 @@ class Stored:
 
     records: tuple = ()
     why_not: str | None = None
-    # Under a byte budget with Inductor: the bytes the kept compile was
-    # planned below the budget (its uuid says so; fxckpt/planning/capture.py).
-    lowered_by: int = 0
+    # Under Inductor: what the kept compile was planned for (solve/select.py),
+    # which its uuid names (fxckpt/planning/capture.py); None: the request.
+    kept: Any = None
 
 
 class PlanStore:

@@ -10,6 +10,7 @@ explain, pareto and the benchmarks."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import replace
@@ -32,6 +33,7 @@ from fxckpt.errors import BudgetError, warn_once
 from fxckpt.planning.cache import CacheKey, PlanStore, Stored, caches_enabled, plan_key
 from fxckpt.memory.values import has_symbolic_sizes
 from fxckpt.planning.pipeline import Planner
+from fxckpt.solve.select import Fits, Floor, Request, RuntimeOptimal
 
 log = logging.getLogger("fxckpt.planning.capture")
 
@@ -51,14 +53,14 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
         planner.reusable = list(stored.records)
         # Under a byte budget, the compile that fitted was cached under its
         # own attempt's uuid: ask for that one first.
-        planner.lowered_by = stored.lowered_by
+        planner.start_with = stored.kept
     records = getattr(planner, "records", [])
     made_before = len(records)
     compiled = _compile(gm, example_inputs, planner, key.digest)
     made = tuple(records[made_before:])
     if made:
         if store is not None:
-            store.save(key.digest, _to_store(made, planner.options, planner.kept_lowered_by))
+            store.save(key.digest, _to_store(made, planner.options, planner.kept))
     elif key.digest is not None and _needs_backward(gm, example_inputs):
         if stored is not None:
             log.info("fxckpt: compiled graphs served from torch's caches, their plans "
@@ -76,7 +78,7 @@ def compile_planned(gm: fx.GraphModule, example_inputs: list[Any], planner: Plan
             # Stored even when empty (AOTAutograd found nothing to partition):
             # the next process then takes torch's compile as it is.
             store.save(key.digest, _to_store(tuple(records[made_before:]), planner.options,
-                                             planner.kept_lowered_by))
+                                             planner.kept))
     return compiled
 
 
@@ -88,7 +90,7 @@ def _cache_for(gm, example_inputs, planner) -> tuple[CacheKey, PlanStore | None]
         return CacheKey(None, "a planner whose plans are not cached"), None
     if not caches_enabled():
         return CacheKey(None, "torch's caches are off"), None
-    key = plan_key(gm, example_inputs, planner.options,
+    key = plan_key(gm, example_inputs, planner.options, request=planner.named_request,
                    num_lifted_params=planner.num_lifted_params)
     if key.digest is None:
         log.info("fxckpt: plans not cached: %s", key.why_not)
@@ -97,7 +99,7 @@ def _cache_for(gm, example_inputs, planner) -> tuple[CacheKey, PlanStore | None]
     return key, PlanStore()
 
 
-def _to_store(made, options, lowered_by: int) -> Stored:
+def _to_store(made, options, kept: Request | None) -> Stored:
     """What the store keeps of the plans just made: not a plan priced with a
     bandwidth measured in this process, which another process would measure
     again and might plan differently by."""
@@ -106,7 +108,7 @@ def _to_store(made, options, lowered_by: int) -> Stored:
         log.info("fxckpt: plans priced offload at a bandwidth measured here; not cached")
         return Stored(why_not="offload priced at a bandwidth measured in the process; "
                               "give offload_bandwidth= to cache it")
-    return Stored(records=made, lowered_by=lowered_by)
+    return Stored(records=made, kept=kept)
 
 
 def _needs_backward(gm: fx.GraphModule, example_inputs) -> bool:
@@ -139,35 +141,29 @@ def _compile(gm, example_inputs, planner, uuid: str | None):
 # byte budget and the graph is planned again below it by the excess; the
 # last of them is the floor's plan.
 _ATTEMPTS = 4
-# Bytes to plan below the budget for the floor's plan: solve() stops a
-# lowered budget at the floor.
-_TO_FLOOR = 1 << 62
-# The lowered_by kept where no plan made for the budget compiled within it
-# but the runtime-optimal plan's code did: a later compile of the graph asks
-# for that compile (its own uuid), not for one of the attempts thrown away.
-_RUNTIME_OPTIMAL = -1
 
 
 def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
     """Compile with Inductor and read each plan's real peak off the code it
     generated (fxckpt/memory/compiled_peak.py): that is the plan's peak from then
-    on. Under a byte budget, a plan whose compiled code peaks over it is
-    thrown away and the graph planned again (``_fitted``); its plans reach
-    the caller only then."""
+    on. Asked to fit bytes, a plan whose compiled code peaks over them is
+    thrown away and the graph planned again (``_fitted``); asked for the
+    floor, the lowest compiled of three plans is kept (``_lowest``). Their
+    plans reach the caller only then."""
     on_plan, planner.on_plan = planner.on_plan, None
     mark = len(planner.plans)
-    planner.kept_lowered_by = 0
     try:
-        if _byte_budget(planner):
+        if isinstance(planner.request, Fits):
             # Each attempt has a uuid of its own (_attempt_uuid). A process
             # whose plan cache says which attempt fitted starts there
-            # (compile_planned sets lowered_by), and torch serves it.
-            compiled = _fitted(gm, example_inputs, planner, mark, uuid)
-            planner.kept_lowered_by = planner.lowered_by
+            # (compile_planned sets start_with), and torch serves it.
+            compiled, planner.kept = _fitted(gm, example_inputs, planner, mark, uuid)
+        elif isinstance(planner.request, Floor):
+            compiled, planner.kept = _lowest(gm, example_inputs, planner, mark, uuid)
         else:
-            compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark)
+            (compiled, _), planner.kept = _attempt(gm, example_inputs, planner, uuid, mark), None
     finally:
-        planner.on_plan, planner.lowered_by = on_plan, 0
+        planner.on_plan, planner.start_with = on_plan, None
     if on_plan is not None:
         for plan in planner.plans[mark:]:
             on_plan(plan)
@@ -175,14 +171,12 @@ def _compile_inductor(gm, example_inputs, planner, uuid: str | None):
 
 
 def _attempt_uuid(planner, uuid: str | None) -> str | None:
-    """The uuid of one compile of a graph: under a byte budget each attempt
-    (planned lower by so many bytes) is cached apart, so that a compile
-    thrown away for peaking over the budget is never served for another."""
-    if uuid is None:
-        return None
-    if planner.without_budget:
-        return f"{uuid}/runtime-optimal plan" if _byte_budget(planner) else None
-    return f"{uuid}/lowered by {planner.lowered_by}" if _byte_budget(planner) else uuid
+    """The uuid of one compile of a graph: asked to fit bytes, each attempt
+    (what it selects by) is cached apart, so that a compile thrown away
+    for peaking over the budget is never served for another."""
+    if uuid is None or planner.attempt is None:
+        return uuid
+    return f"{uuid}/planned for {planner.attempt}"
 
 
 def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
@@ -192,34 +186,37 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
     runtime-optimal plan if its code fits, then the plan halfway between
     them (``_middle``). Otherwise a BudgetError naming the lowest compiled
     peak of those three: planning is deterministic, so asking that budget
-    gets one of them."""
-    if planner.lowered_by == _RUNTIME_OPTIMAL:
+    gets one of them. Returns (compiled, what its plan was planned for)."""
+    budget = planner.request.bytes
+    start = planner.start_with
+    if isinstance(start, RuntimeOptimal):
         return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, None, uuid)
+    target = start if start is not None else Fits(budget)
     tried: list[str] = []
     floor_peak = floor_model_peak = None
     for attempt in range(_ATTEMPTS):
         if attempt == _ATTEMPTS - 1:
-            planner.lowered_by = _TO_FLOOR
+            target = Floor()
         try:
-            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
+            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark, target)
         except BudgetError as below_floor:
-            if below_floor.floor_bytes is None or planner.lowered_by == _TO_FLOOR:
+            if below_floor.floor_bytes is None or isinstance(target, Floor):
                 raise
             # Below the memory model's floor: its plan's compiled peak is
             # the floor to name.
-            planner.lowered_by = _TO_FLOOR
-            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
+            target = Floor()
+            compiled, over = _attempt(gm, example_inputs, planner, uuid, mark, target)
         if not over:
-            return compiled
+            return compiled, target
         plan = planner.plans[-1]
         planner.retract(mark)
-        if planner.lowered_by == _TO_FLOOR:
+        if isinstance(target, Floor):
             floor_peak, floor_model_peak = plan.peak_bytes, plan.model_peak_bytes
             break
+        lower = target.bytes - over
         log.info("fxckpt: compiled plan peaks %d bytes over its budget; planning "
-                 "again %d bytes lower", over, planner.lowered_by + over)
-        planner.lowered_by = _TO_FLOOR if plan.fingerprint in tried \
-            else planner.lowered_by + over
+                 "again %d bytes lower", over, budget - lower)
+        target = Floor() if plan.fingerprint in tried else Fits(lower)
         tried.append(plan.fingerprint)
     return _runtime_optimal_or_refuse(gm, example_inputs, planner, mark, floor_peak, uuid,
                                       floor_model_peak)
@@ -227,63 +224,94 @@ def _fitted(gm, example_inputs, planner, mark: int, uuid: str | None):
 
 def _runtime_optimal_or_refuse(gm, example_inputs, planner, mark: int, floor_peak, uuid,
                                floor_model_peak=None):
-    budget = planner.options.budget.bytes
-    planner.without_budget = True
-    try:
-        compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark)
-    finally:
-        planner.without_budget = False
+    budget = planner.request.bytes
+    compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark, RuntimeOptimal())
     if len(planner.plans) == mark:
-        return compiled     # served from torch's caches: compile_planned adopts its plan
+        # Served from torch's caches: compile_planned adopts its plan.
+        return compiled, RuntimeOptimal()
     optimal = planner.plans[mark]
     if optimal.peak_bytes <= budget:
-        planner.lowered_by = _RUNTIME_OPTIMAL
         planner.replace_plan(mark, replace(optimal, budget_bytes=budget, notes=optimal.notes + (
             "the runtime-optimal plan: its compiled code meets the budget, the "
             "plans made for the budget did not",)))
-        return compiled
+        return compiled, RuntimeOptimal()
     planner.retract(mark)
     middle = _middle(gm, example_inputs, planner, mark, uuid, floor_model_peak,
                      optimal.model_peak_bytes)
     if middle is not None and middle[1] <= budget:
-        return middle[0]
+        return middle[0], middle[2]
     lowest = min(p for p in (floor_peak, optimal.peak_bytes, middle and middle[1])
                  if p is not None)
     raise _still_over(budget, lowest)
 
 
 def _middle(gm, example_inputs, planner, mark: int, uuid, floor_model_peak, top_model_peak):
-    """(compiled, compiled peak) of the plan halfway between the memory
-    model's floor and the runtime-optimal plan (what budget=0.5 plans), or
-    None; its compile is kept only where it fits the budget. Inductor's
+    """(compiled, compiled peak, what it was planned for) of the plan
+    halfway between the memory model's floor and the runtime-optimal plan
+    (what budget=0.5 plans), or None; its compile is kept only where it fits the budget. Inductor's
     code can peak lower there than at the memory model's floor (tiny HF
-    GLM, sequence 64: 1,100,552 bytes against the floor plan's 1,230,856),
-    so the floor a BudgetError names is the lowest of the three. Tried
-    whatever the budget (the target does not depend on it), so that asking
-    for that floor compiles this plan again where it was the lowest. Planned
-    as the budget moved to that point (``lowered_by``, negative where the
-    point is above the budget; a later compile of the graph follows it)."""
-    budget = planner.options.budget.bytes
+    GLM, sequence 64), so the floor a BudgetError names is the lowest of
+    the three. Tried whatever the budget (the target does not depend on
+    it), so that asking for that floor compiles this plan again where it
+    was the lowest; a later compile of the graph asks for it first."""
     if floor_model_peak is None or top_model_peak is None:
         return None
-    lowered = budget - (floor_model_peak + top_model_peak) // 2
-    planner.lowered_by = lowered - 1 if lowered == _RUNTIME_OPTIMAL else lowered
-    compiled, over = _attempt(gm, example_inputs, planner, uuid, mark)
+    target: Request = Fits((floor_model_peak + top_model_peak) // 2)
+    try:
+        compiled, over = _attempt(gm, example_inputs, planner, uuid, mark, target)
+    except BudgetError:
+        target = Floor()
+        compiled, over = _attempt(gm, example_inputs, planner, uuid, mark, target)
     if len(planner.plans) == mark:
-        return compiled, budget    # served from torch's caches: it fitted before
+        # Served from torch's caches: it fitted before.
+        return compiled, planner.request.bytes, target
     peak = planner.plans[mark].peak_bytes
     if over:
         planner.retract(mark)
-        planner.lowered_by = 0
-    return compiled, peak
+    return compiled, peak, target
 
 
-def _attempt(gm, example_inputs, planner, uuid, mark: int):
-    """(compiled, bytes its plan's compiled code peaks over the budget)."""
+def _lowest(gm, example_inputs, planner, mark: int, uuid: str | None):
+    """The compile of the plan whose code peaks lowest of three: the memory
+    model's floor plan, the runtime-optimal plan and the plan halfway
+    between them (Inductor's code can peak lower above the memory model's
+    floor: tests/test_inductor_floor.py). Returns (compiled, what its plan
+    was planned for)."""
+    if planner.start_with is not None:
+        # Served from torch's caches, this is the compile kept before.
+        compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark, planner.start_with)
+        if len(planner.plans) == mark:
+            return compiled, planner.start_with
+        planner.retract(mark)
+    made = []
+
+    def tried(target: Request):
+        compiled, _ = _attempt(gm, example_inputs, planner, uuid, mark, target)
+        if len(planner.plans) > mark:
+            made.append((planner.retract(mark), compiled, target))
+        return compiled
+
+    floor_compiled = tried(Floor())
+    if not made:
+        # Served from torch's caches: compile_planned adopts its plan.
+        return floor_compiled, Floor()
+    tried(RuntimeOptimal())
+    if len(made) == 2:
+        floor, top = made[0][0][0][0], made[1][0][0][0]
+        tried(Fits((floor.model_peak_bytes + top.model_peak_bytes) // 2))
+    removed, compiled, kept = min(made, key=lambda m: m[0][0][0].peak_bytes)
+    planner.restore(removed)
+    return compiled, kept
+
+
+def _attempt(gm, example_inputs, planner, uuid, mark: int, target: Request | None = None):
+    """(compiled, bytes its plan's compiled code peaks over the budget), the
+    graph planned for ``target`` (None: for the planner's request)."""
     code: dict[str, str] = {}
     facts: list[tuple[dict, dict, dict]] = []
-    compiled = _inductor(gm, example_inputs, planner, _attempt_uuid(planner, uuid), code,
-                         facts)
+    with planner.trying(target) if target is not None else contextlib.nullcontext():
+        compiled = _inductor(gm, example_inputs, planner, _attempt_uuid(planner, uuid),
+                             code, facts)
     return compiled, _note_compiled_peaks(planner, mark, code, facts)
 
 
@@ -352,11 +380,6 @@ def _compiled_as_own(planner) -> bool:
     return not planner.plans or planner.plans[-1].solver != "mincut"
 
 
-def _byte_budget(planner) -> bool:
-    budget = planner.options.budget
-    return budget is not None and budget.bytes is not None
-
-
 def _symbolic(example_inputs) -> bool:
     """Whether any input has a symbolic size (or is a symbolic number)."""
     for x in example_inputs:
@@ -410,8 +433,7 @@ def _note_compiled_peaks(planner, mark: int, code: dict[str, str],
                                        model_peak_bytes=plan.peak_bytes,
                                        saved_bytes=saved, notes=plan.notes + (note,)))
     budget = plan.budget_bytes
-    if budget is None or planner.options.budget is None \
-            or planner.options.budget.bytes is None:
+    if budget is None or not isinstance(planner.request, Fits):
         return 0
     return max(0, peak - budget)
 

@@ -11,11 +11,11 @@ from typing import Any, Callable
 import torch.fx as fx
 
 from fxckpt.compat.dynamo import copy_of_dynamo_graph
-from fxckpt.errors import BudgetError
 from fxckpt.memory.values import at_sizes
-from fxckpt.options import Budget, Options
+from fxckpt.options import Options
 from fxckpt.planning.pipeline import Planner
 from fxckpt.report.plan import Plan
+from fxckpt.solve.select import Fits, Floor, Request, RuntimeOptimal
 
 
 class GraphCompiler:
@@ -29,34 +29,32 @@ class GraphCompiler:
         self.on_plan = on_plan
 
     def compile(self, gm: fx.GraphModule, example_inputs: list[Any], options: Options,
-                sizes: dict) -> tuple[Planner, Any]:
+                sizes: dict, request: Request | None = None) -> tuple[Planner, Any]:
         """The graph planned under ``options`` at ``sizes`` (the largest its
-        frame ran with, for symbolic ones) and compiled; BudgetError where
-        no plan fits."""
-        planner = Planner(options, on_plan=self.on_plan)
+        frame ran with, for symbolic ones) for ``request`` (None: the
+        options' budget) and compiled; BudgetError where no plan fits."""
+        planner = Planner(options, on_plan=self.on_plan, request=request)
         with at_sizes(sizes):
             compiled = self.compile_fn(gm, example_inputs, planner)
         return planner, compiled
 
     def own_floor(self, gm: fx.GraphModule, example_inputs: list[Any], options: Options,
                   sizes: dict) -> int | None:
-        """The lowest peak the graph's planning names (under Inductor the
-        lowest compiled peak, which can lie far below the compiled peak of
-        the memory model's floor plan: HF ConvNeXt 329,552 B against
-        1,710,560 B); None if a plan fits a budget of one byte after all."""
-        planner = Planner(replace(options, budget=Budget(bytes=1)))
-        try:
-            with at_sizes(sizes):
-                self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
-        except BudgetError as refused:
-            return refused.floor_bytes
-        return None
+        """The peak of the graph's floor plan: under Inductor the lowest
+        compiled peak of three plans (capture.py's ``_lowest``), which can lie
+        far below the compiled peak of the memory model's floor plan (HF
+        ConvNeXt); None where the compile was served from caches without
+        its plan."""
+        planner = Planner(options, request=Floor())
+        with at_sizes(sizes):
+            self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
+        return planner.plans[-1].peak_bytes if planner.plans else None
 
     def frontier_for_runs(self, gm: fx.GraphModule, example_inputs: list[Any],
                           options: Options, runs: int) -> tuple:
         """The frontier of a graph that runs ``runs`` times per step, each
         plan's peak counted with its other runs' saved bytes."""
-        planner = Planner(replace(options, budget=Budget(bytes=2**62), runs_per_step=runs))
+        planner = Planner(replace(options, runs_per_step=runs), request=RuntimeOptimal())
         self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
         return planner.frontiers_seen[-1]
 
@@ -65,7 +63,7 @@ class GraphCompiler:
         """The graph compiled again with the frontier plan whose peak plus its
         other runs' saved bytes is ``step_peak`` (the cheapest that fits it
         is that plan)."""
-        options = replace(options, budget=Budget(bytes=step_peak), runs_per_step=runs)
-        planner = Planner(options, on_plan=self.on_plan)
+        planner = Planner(replace(options, runs_per_step=runs), on_plan=self.on_plan,
+                          request=Fits(step_peak))
         compiled = self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
         return planner.plans[-1], compiled

@@ -31,7 +31,7 @@ from fxckpt.bandwidth import offload_bandwidth
 from fxckpt.errors import BudgetError, PlanError
 from fxckpt.planning.memo import Recall, frontier_key
 from fxckpt.memory.model import breakdown, simulate
-from fxckpt.options import Options, format_bytes
+from fxckpt.options import Budget, Options, format_bytes
 from fxckpt.planning.phases import PhaseClock, Progress
 from fxckpt.memory import schedule
 from fxckpt.passes.cse import deduplicated
@@ -43,8 +43,10 @@ from fxckpt.passes.tag import tag_forward_values
 from fxckpt.passes.verify import verify_decision, verify_rewrite
 from fxckpt.report.plan import Plan, make_plan, saved_bytes_of
 from fxckpt.solve import BASELINES
-from fxckpt.solve.candidates import Evaluate
-from fxckpt.solve.frontier import NoPlanFits, pareto_frontier, solve_budgeted, step_plans
+from fxckpt.solve.candidates import Candidate, Evaluate, plan_cost
+from fxckpt.solve.frontier import pareto_frontier, step_plans
+from fxckpt.solve.select import (Fits, Fraction, NoPlanFits, Request, RuntimeOptimal,
+                                 bytes_asked, select)
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 from fxckpt.types import Decision, Profile, Tag
@@ -159,7 +161,7 @@ class Planner:
     memoizes = True
 
     def __init__(self, options: Options, *, on_plan: Callable[[Plan], Any] | None = None,
-                 num_lifted_params: int = 0) -> None:
+                 num_lifted_params: int = 0, request: Request | None = None) -> None:
         self.options = options
         # AOTAutograd puts a module's parameters and buffers first among the
         # primals; outside Dynamo it does not report them as static, so the
@@ -177,15 +179,29 @@ class Planner:
         self.on_plan = on_plan
         self.reusable: list[Planned] = []
         self.cache_note: str | None = None
-        # Bytes a byte budget is planned below, where the compiled code of a
-        # plan made for it peaked that much over it (planning/capture.py).
-        self.lowered_by = 0
-        # The lowered_by of the compile kept (planning/capture.py), which the plan
+        # What this graph is asked for (solve/select.py): the options' budget
+        # as a request unless the caller names another; None plans without one.
+        self.request: Request | None = request if request is not None \
+            else request_for(options.budget)
+        # The request where the caller named one other than the options'.
+        self.named_request = request if request != request_for(options.budget) else None
+        # What one compile asks instead of ``request`` (planning/capture.py:
+        # under Inductor a plan whose code peaks over its budget is planned
+        # again lower), and the request of the compile kept, which the plan
         # cache records so that another process asks for that compile first.
-        self.kept_lowered_by = 0
-        # Plan as if no budget were given (planning/capture.py: to learn the compiled
-        # peak of the runtime-optimal plan before refusing a budget).
-        self.without_budget = False
+        self.attempt: Request | None = None
+        self.kept: Request | None = None
+        self.start_with: Request | None = None
+
+    @contextlib.contextmanager
+    def trying(self, attempt: Request):
+        """Plan the graphs compiled meanwhile for ``attempt`` rather than for
+        ``request`` (their plans still name ``request``'s budget)."""
+        before, self.attempt = self.attempt, attempt
+        try:
+            yield
+        finally:
+            self.attempt = before
 
     def __call__(self, joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int,
                  static_lifetime_input_indices=None, **_ignored):
@@ -205,13 +221,12 @@ class Planner:
             frontiers: list[tuple] = []
             recalled: list[bool] = []
             with clock.phase("solve"):
-                options = replace(self.options, budget=None) if self.without_budget \
-                    else self.options
-                memo_key = frontier_key(joint, profile, tags, options) \
-                    if options.budget is not None and self.memoizes else None
-                decision, rewritten, timeline = solve(profile, tags, evaluate, options,
+                memo_key = frontier_key(joint, profile, tags, self.options) \
+                    if self.request is not None and self.memoizes else None
+                decision, rewritten, timeline = solve(profile, tags, evaluate, self.options,
+                                                      request=self.request,
+                                                      attempt=self.attempt,
                                                       on_frontier=frontiers.append,
-                                                      lowered_by=self.lowered_by,
                                                       estimate=estimate, memo_key=memo_key,
                                                       on_recall=recalled.append)
             plan = self._finish(profile, tags, decision, rewritten, timeline, clock=clock,
@@ -224,10 +239,20 @@ class Planner:
         progress.finished(planned.plan)
         return forward, rewritten.backward
 
-    def retract(self, mark: int) -> None:
-        """Forget the plans made since ``len(self.plans)`` was ``mark``: their
-        compiled code is being thrown away and the graph planned again."""
+    def retract(self, mark: int) -> tuple[list, list, list]:
+        """Forget the plans made since ``len(self.plans)`` was ``mark`` (their
+        compiled code is being thrown away and the graph planned again);
+        return them, their records and graphs, for ``restore``."""
+        removed = self.plans[mark:], self.records[mark:], self.graphs[mark:]
         del self.plans[mark:], self.records[mark:], self.graphs[mark:]
+        return removed
+
+    def restore(self, removed: tuple[list, list, list]) -> None:
+        """Record again plans ``retract`` forgot (the compile kept is theirs)."""
+        plans, records, graphs = removed
+        self.plans += plans
+        self.records += records
+        self.graphs += graphs
 
     def replace_plan(self, index: int, plan: Plan) -> None:
         """Record ``plan`` for plan ``index`` (its compiled peak known)."""
@@ -302,7 +327,7 @@ class Planner:
         # (sinking one node can hold its inputs across a higher point).
         orders = (False, True) if self.options.compiler == "eager" else (False,)
         with clock.phase("profile"):
-            model = None if self.options.budget is None or not self.estimates else \
+            model = None if self.request is None or not self.estimates else \
                 schedule.build(joint, profile, num_fwd_outputs=num_fwd_outputs,
                                sinks=len(orders) > 1, fused=fused)
         return profile, tags, _Evaluator(joint, profile, num_fwd_outputs, orders, fused, model)
@@ -333,12 +358,18 @@ class Frontier:
     plans: tuple[Plan, ...]
     seconds: float            # profile, tag, and the whole frontier, wall time
 
-    def select(self, budget_bytes: int) -> Plan | None:
-        """The plan the backend picks at ``budget_bytes``, as
-        solve_budgeted does: the cheapest frontier plan that fits (None if
-        none does). Along the frontier, cheaper means a higher peak, so that
-        is the last plan that fits."""
-        fitting = [plan for plan in self.plans if plan.peak_bytes <= budget_bytes]
+    def select(self, request: Request | int) -> Plan | None:
+        """The plan the backend picks for ``request`` (solve/select.py; an int
+        is ``Fits`` that many bytes): the cheapest frontier plan that fits,
+        None if none does. Along the frontier, cheaper means a higher peak,
+        so that is the last plan that fits."""
+        if isinstance(request, int):
+            request = Fits(request)
+        budget = bytes_asked(request, self.plans[0].peak_bytes,
+                             self.runtime_optimal.peak_bytes)
+        if budget is None:
+            return self.runtime_optimal
+        fitting = [plan for plan in self.plans if plan.peak_bytes <= budget]
         return fitting[-1] if fitting else None
 
 
@@ -409,31 +440,60 @@ def problem_for(profile: Profile, tags: dict[str, Tag], options: Options):
                          fuses=options.compiler == "inductor")
 
 
+def request_for(budget: Budget | None) -> Request | None:
+    """The request a user's budget makes of every graph: bytes to fit, or a
+    fraction of the way from the floor to the runtime-optimal peak; None
+    without a budget."""
+    if budget is None:
+        return None
+    if budget.bytes is not None:
+        return Fits(budget.bytes)
+    if budget.fraction is None:
+        budget.resolve(0)        # budget='fit' not yet read off the device: its error
+    return Fraction(budget.fraction)
+
+
 def solve(profile: Profile, tags: dict[str, Tag], evaluate: Evaluate, options: Options, *,
-          on_frontier: Callable[[tuple], Any] | None = None, lowered_by: int = 0,
+          request: Request | None, attempt: Request | None = None,
+          on_frontier: Callable[[tuple], Any] | None = None,
           estimate: Evaluate | None = None, memo_key: str | None = None,
           on_recall: Callable[[bool], Any] | None = None):
-    """Return (decision, rewritten, timeline) for the options' solver and budget.
-    ``on_frontier``, under a budget, gets the frontier as (own peak, saved
-    bytes, cost) points, lowest peak first. ``lowered_by``: bytes a byte
-    budget is planned below (the decision still names the budget asked). ``estimate``: evaluate for the
-    frontier's candidates, which may answer a Simulated plan (no graphs);
-    the plan chosen is then rewritten and simulated for real, and if the two
-    peaks differ the frontier is built again with ``evaluate``. ``memo_key``
-    (fxckpt/planning/memo.py): the frontier is recalled from, or kept in, the
-    process's memo under that key; ``on_recall`` is called when it was
-    recalled."""
+    """Return (decision, rewritten, timeline) for the options' solver and
+    ``request`` (solve/select.py; None: no budget). ``attempt``: what this
+    compile selects instead of ``request``, the decision still naming
+    ``request``'s bytes. ``on_frontier``, under a request, gets the frontier
+    as (own peak, saved bytes, cost) points, lowest peak first. ``estimate``:
+    evaluate for the frontier's candidates, which may answer a Simulated
+    plan (no graphs); the plan chosen is then rewritten and simulated for
+    real, and if the two peaks differ the frontier is built again with
+    ``evaluate``. ``memo_key`` (fxckpt/planning/memo.py): the frontier is
+    recalled from, or kept in, the process's memo under that key;
+    ``on_recall`` is called when it was recalled."""
     memo = Recall(memo_key, on_recall)
+    asked = _Asked(request, attempt)
     if estimate is not None and estimate is not evaluate:
         try:
-            return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, estimate,
+            return _solve(profile, tags, evaluate, options, asked, on_frontier, estimate,
                           memo.exact(False))
         except _EstimateOff as off:
             log.info("the schedule model's peak for %s differs from the rewritten "
                         "graph's (%d against %d bytes): planning again with every "
                         "candidate rewritten", off.what, off.estimated, off.real)
-    return _solve(profile, tags, evaluate, options, on_frontier, lowered_by, evaluate,
+    return _solve(profile, tags, evaluate, options, asked, on_frontier, evaluate,
                   memo.exact(True))
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a graph is asked for (``request``) and what this compile selects
+    (``attempt``, else the request)."""
+
+    request: Request | None
+    attempt: Request | None
+
+    @property
+    def selects(self) -> Request | None:
+        return self.attempt if self.attempt is not None else self.request
 
 
 class _EstimateOff(Exception):
@@ -458,15 +518,15 @@ def _checked(evaluate: Evaluate, decision: Decision, rewritten, timeline, what: 
     return real_rewritten, real_timeline
 
 
-def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, lowered_by,
+def _solve(profile, tags, evaluate: Evaluate, options: Options, asked: _Asked, on_frontier,
            estimate, memo: Recall):
     problem = problem_for(profile, tags, options)
     if options.solver in BASELINES:
         decision = BASELINES[options.solver](problem)
         rewritten, timeline = evaluate(decision)
-        return _within_budget(decision, rewritten, timeline, options)
+        return _within_budget(decision, rewritten, timeline, asked.selects)
     optimal = runtime_optimal(problem, fuses=options.compiler == "inductor")
-    if options.budget is None:
+    if asked.request is None:
         return (optimal, *evaluate(optimal))
     if options.runs_per_step > 1:
         evaluate = _held_per_run(evaluate, profile, options.runs_per_step)
@@ -482,31 +542,32 @@ def _solve(profile, tags, evaluate: Evaluate, options: Options, on_frontier, low
         again_from_seeds=options.compiler == "eager"))
     # The plan's solve time is the frontier's (nothing when recalled).
     frontier_seconds = time.perf_counter() - started
-    # The frontier's figures are the schedule model's (exact where it covers
-    # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
-    # plan a BudgetError names, are rewritten for real and checked below.
-    asked = options.budget.resolve(timeline.peak_bytes, floor=frontier[0].peak)
-    # Lowered, the budget stops at the floor: the floor's plan is the last
-    # one whose compiled code is worth reading.
-    budget = max(asked - lowered_by, frontier[0].peak) if lowered_by else asked
     if on_frontier is not None:
         on_frontier(tuple((getattr(c.timeline, "graph", c.timeline).peak_bytes,
                            saved_bytes_of(profile, c.decision, c.rewritten), c.cost)
                           for c in frontier))
+    # The frontier's figures are the schedule model's (exact where it covers
+    # a plan: tests/test_schedule_model.py); the plan chosen, and the floor
+    # plan a BudgetError names, are rewritten for real and checked below.
+    top = Candidate(optimal, rewritten, timeline, plan_cost(problem, optimal))
     try:
-        decision, rewritten, timeline = solve_budgeted(
-            problem, estimate, budget, options.solver,
-            runtime_optimal=(optimal, rewritten, timeline), frontier=frontier)
+        chosen = select(frontier, asked.selects, runtime_optimal=top,
+                        inside=lambda lower, upper, below: step_plans(
+                            problem, estimate, lower, upper, below))
     except NoPlanFits as no_fit:
         floor = no_fit.floor
         checked = _checked(evaluate, floor.decision, floor.rewritten, floor.timeline,
                            "the floor plan")
         no_fit.floor = replace(floor, rewritten=checked[0], timeline=checked[1])
         raise _budget_error(no_fit) from None
-    rewritten, timeline = _checked(evaluate, decision, rewritten, timeline, "the chosen plan")
-    decision = replace(decision, solve_seconds=frontier_seconds)
-    if lowered_by:
-        decision = replace(decision, budget_bytes=asked)
+    rewritten, timeline = _checked(evaluate, chosen.decision, chosen.rewritten,
+                                   chosen.timeline, "the chosen plan")
+    if isinstance(asked.selects, RuntimeOptimal):
+        return optimal, rewritten, getattr(timeline, "graph", timeline)
+    # The plan names the bytes its graph was asked for, whatever this
+    # compile selected by.
+    budget = bytes_asked(asked.request, frontier[0].peak, top.peak)
+    decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=frontier_seconds)
     return decision, rewritten, getattr(timeline, "graph", timeline)
 
 
@@ -528,10 +589,12 @@ def _held_per_run(evaluate: Evaluate, profile: Profile, runs: int) -> Evaluate:
     return evaluate_step
 
 
-def _within_budget(decision, rewritten, timeline, options):
-    if options.budget is None:
+def _within_budget(decision, rewritten, timeline, request: Request | None):
+    """A reference strategy's plan, checked against the bytes asked (a
+    fraction read against zero: the strategy has no frontier)."""
+    budget = None if request is None else bytes_asked(request, 0, timeline.peak_bytes)
+    if budget is None:
         return decision, rewritten, timeline
-    budget = options.budget.resolve(timeline.peak_bytes)
     if timeline.peak_bytes > budget:
         raise BudgetError(
             f"the {decision.solver} strategy peaks at {format_bytes(timeline.peak_bytes)}, "

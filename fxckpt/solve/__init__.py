@@ -7,7 +7,7 @@ fast (LP rounding, Lagrangian cuts), baselines (save-all, recompute-all,
 per-block, sqrt-n), cut (max-flow), again (values recomputed more than
 once, below the single-recompute floor), highs (HiGHS on the programmes
 ilp and fast write). A budget no plan meets raises
-``frontier.NoPlanFits`` with the numbers; the pipeline words the error.
+``select.NoPlanFits`` with the numbers; the pipeline words the error.
 """
 
 from __future__ import annotations

@@ -39,7 +39,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from fxckpt.errors import BudgetError
 from fxckpt.types import Decision
 from fxckpt.solve import descents, fills, swaps
 from fxckpt.solve.baselines import (lean_blocks, per_block, per_part, recompute_all,
@@ -51,6 +50,7 @@ from fxckpt.solve.fast import CutPlans, solve_fast
 from fxckpt.solve.ilp import Infeasible, Relaxations, solve_ilp
 from fxckpt.solve.problem import Problem, to_decision
 from fxckpt.solve.again import copy_steps
+from fxckpt.solve.select import Fits, select
 
 # solver="auto" sweeps with the fast solver and, on graphs up to this many
 # forward values, also aims just under the lowest peak found with the exact
@@ -118,41 +118,20 @@ _AGAIN_GAPS = (0.0, 0.01, 0.03, 0.1, 0.3)
 _REGION_SEEDS = ("per_block", "lean_blocks", "per_part")
 
 
-class NoPlanFits(BudgetError):
-    """No frontier plan peaks within ``budget``; ``floor`` is the lowest one.
-    The numbers only: the pipeline words the error users see."""
-
-    def __init__(self, budget: int, floor: "Candidate", runtime_optimal_peak: int) -> None:
-        super().__init__(f"no plan fits {budget} bytes; the floor is {floor.peak} bytes",
-                         floor_bytes=floor.peak)
-        self.budget = budget
-        self.floor = floor
-        self.runtime_optimal_peak = runtime_optimal_peak
-
-
 def solve_budgeted(problem: Problem, evaluate: Evaluate, budget: int, solver: str, *,
                    runtime_optimal, frontier: list[Candidate] | None = None):
-    """``runtime_optimal`` is (decision, rewritten, timeline) of the plan
-    without a budget; ``frontier``, when the caller has built it already."""
+    """(decision, rewritten, timeline) of the plan ``Fits(budget)`` selects
+    (solve/select.py) from ``frontier``, built here where not given;
+    ``runtime_optimal`` is (decision, rewritten, timeline) of the plan
+    without a budget."""
     start = time.perf_counter()
     if frontier is None:
         frontier = pareto_frontier(problem, evaluate, solver, runtime_optimal)
     seconds = time.perf_counter() - start
-    fitting = [c for c in frontier if c.peak <= budget]
-    if not fitting:
-        raise NoPlanFits(budget, frontier[0], runtime_optimal[2].peak_bytes)
-    chosen = min(fitting, key=lambda c: (c.cost, c.peak))
-    above = [c for c in frontier if c.peak > budget]
-    if above:
-        # Inside a step: the plan below (and the frontier plan under it)
-        # filled towards the one above, and the one above walked down and
-        # swapped (step_plans).
-        upper = min(above, key=lambda c: c.peak)
-        under = [c for c in fitting if c.peak < chosen.peak]
-        below = max(under, key=lambda c: c.peak) if under else None
-        inside = [c for c in step_plans(problem, evaluate, chosen, upper, below)
-                  if c.peak <= budget]
-        chosen = inside[-1] if inside else chosen
+    top = Candidate(*runtime_optimal, plan_cost(problem, runtime_optimal[0]))
+    chosen = select(frontier, Fits(budget), runtime_optimal=top,
+                    inside=lambda lower, upper, below: step_plans(problem, evaluate, lower,
+                                                                  upper, below))
     decision = replace(chosen.decision, budget_bytes=budget, solve_seconds=seconds)
     return decision, chosen.rewritten, chosen.timeline
 
