@@ -23,6 +23,8 @@ from fxckpt.models import MODEL_NAMES
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.all:
+        return _run_all(args)
     command = _bench_command(args)
     if args.suite == "solvers":
         return _run_solvers(args, command)
@@ -47,6 +49,13 @@ def run_bench(args: argparse.Namespace) -> int:
     print(bench_report.markdown(dict(result, command=command)))
     print("wrote " + ", ".join(paths.values()), file=sys.stderr)
     return 0
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    from fxckpt.bench import page
+    if args.from_results:
+        return page.rerender(args.from_results)
+    return page.run_all(threads=args.threads)
 
 
 def _bench_command(args: argparse.Namespace) -> str:
