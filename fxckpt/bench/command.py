@@ -1,6 +1,7 @@
 """``fxckpt bench``'s suites as the command line runs them: the side-by-side
-table (models), the solvers and offload suites, each written as JSON and
-markdown under ``--out``."""
+table (models), the solvers, offload, compile and scratch suites, each written
+as JSON and markdown under ``--out``; ``--all`` hands over to
+:mod:`fxckpt.bench.suites`."""
 
 from __future__ import annotations
 
@@ -52,10 +53,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_all(args: argparse.Namespace) -> int:
-    from fxckpt.bench import page
+    from fxckpt.bench import suites
     if args.from_results:
-        return page.rerender(args.from_results)
-    return page.run_all(threads=args.threads)
+        return suites.rerender(args.from_results)
+    return suites.run_all(threads=args.threads)
 
 
 def _bench_command(args: argparse.Namespace) -> str:

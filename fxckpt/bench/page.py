@@ -1,124 +1,119 @@
-"""``fxckpt bench --all``: runs the suites that make BENCHMARKS.md in one
-sequence, keeps their results in one JSON file and renders the page from it."""
+"""BENCHMARKS.md as a pure function of ``fxckpt bench --all``'s results, so the
+page can be re-rendered from the committed JSON and checked against it."""
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import subprocess
-import sys
-import time
+from fxckpt.bench.compile import compile_markdown
+from fxckpt.bench.report import model_markdown
+from fxckpt.bench.scratch import scratch_markdown
+from fxckpt.bench.solvers import solvers_markdown
 
-import torch
+TITLES = {"models": "Models: torch's checkpointing and fxckpt side by side",
+          "solvers": "Solvers: the fast solver against the ILP",
+          "compile": "Compile time",
+          "scratch": "Scratch memory: ops the memory model undercounts"}
 
-from fxckpt.bench import compile as bench_compile
-from fxckpt.bench import run as bench
-from fxckpt.bench import scratch as bench_scratch
-from fxckpt.bench import solvers as bench_solvers
-from fxckpt.bench.measure import using_threads
-from fxckpt.bench.page_render import render
-from fxckpt.bench.run import Progress, machine
-from fxckpt.models import MODEL_NAMES
-
-COMMAND = "fxckpt bench --all"
-RESULTS = os.path.join("benchmarks", "results.json")
-PAGE = "BENCHMARKS.md"
-
-# Each suite's configuration, sized so the whole run fits half an hour on two cores.
-CONFIGS = {
-    "models": "quick: tiny models, 3 timed steps per row, no Inductor rows",
-    "solvers": "quick: a 12-layer GPT and the tiny built-in models, a 2-layer compiled GPT",
-    "compile": "quick: a 2-layer GPT under aot_eager, one round",
-    "scratch": "quick: the tiny built-in models",
+READING = {
+    "models": (
+        "Each built-in model trains every way torch offers to save activation memory "
+        "(eager checkpoint per block, selective checkpointing, torch.compile's "
+        "`activation_memory_budget` at 0.5, 0.25 and 0) and with fxckpt, all in this one "
+        "process. Step time is the median of the timed steps (the calling thread's CPU time "
+        "on one thread) as a multiple of the compiled step that saves everything "
+        "(`compile, saves all`); recompute GFLOP and ms are counted while the step runs, "
+        "every aten op priced by fxckpt's cost model, beyond the step of the same family "
+        "that recomputes nothing. The second table gives fxckpt each torch budget row's "
+        "measured peak as its budget: a ratio below 1 is fxckpt lower. The floor line is "
+        "fxckpt's lowest plan against torch's lowest measured peak. Peaks, saved bytes "
+        "and counted recompute are deterministic; step-time ratios move by 0.1 to 0.3 "
+        "between runs on a shared machine."),
+    "solvers": (
+        "The deep GPT line times `solver=\"fast\"` on one large joint graph. The table "
+        "compares the fast solver with the exact ILP on each graph at budgets `@p`, a "
+        "fraction p of the way from the ILP's floor to the runtime-optimal peak: the cost "
+        "columns are the recompute each plan pays (cost model ms), and \"fast vs ILP\" is "
+        "how much more the fast plan recomputes (0% is optimal). Frontier seconds are "
+        "planning alone, each solver's whole frontier (profile, tag, solve, rewrite and "
+        "the simulation of every candidate), never tracing."),
+    "compile": (
+        "Four ways compile the same GPT: torch.compile by default and at an "
+        "`activation_memory_budget`, fxckpt by default and at a budget. The ratio "
+        "columns divide fxckpt's budgeted first step by torch's: below 1 is fxckpt "
+        "faster. The planning column is the part of fxckpt's seconds spent planning; "
+        "the second process starts from the cache its first left, so it shows what a "
+        "warm cache saves."),
+    "scratch": (
+        "Every op of the planned graphs runs alone on the device while the allocator is "
+        "watched; an op listed here held more temporary memory than the memory model "
+        "counts for it, by more than the tolerance. \"none of N ops\" means the model "
+        "covered every op of that model."),
 }
 
-
-def run_all(*, threads: int = 1, results: str = RESULTS, page: str = PAGE) -> int:
-    """Run every CPU suite, writing the results file after each so a cut run keeps what ran."""
-    found = header(threads)
-    found["suites"] = {}
-    started = time.perf_counter()
-    for name, suite in SUITES.items():
-        print(f"fxckpt bench --all: {name}", file=sys.stderr)
-        found["suites"][name] = suite(threads)
-        found["seconds"] = time.perf_counter() - started
-        write(found, results=results, page=page)
-    return 0
+_MARKDOWN = {"solvers": solvers_markdown, "compile": compile_markdown,
+             "scratch": scratch_markdown}
 
 
-def rerender(results: str = RESULTS, page: str = PAGE) -> int:
-    with open(results) as f:
-        found = json.load(f)
-    write(found, results=None, page=page)
-    return 0
+def render(results: dict) -> str:
+    """The whole page: header, one section per suite in ``results["suites"]``, CUDA."""
+    lines = header_lines(results)
+    for name in TITLES:
+        lines += suite_lines(name, results)
+    lines += cuda_lines(results)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write(found: dict, *, results: str | None, page: str) -> None:
-    if results:
-        os.makedirs(os.path.dirname(results) or ".", exist_ok=True)
-        with open(results, "w") as f:
-            json.dump(found, f, indent=1, allow_nan=True)
-            f.write("\n")
-    with open(page, "w") as f:
-        f.write(render(found))
+def header_lines(results: dict) -> list[str]:
+    m, v = results["machine"], results["versions"]
+    seconds = results.get("seconds")
+    rows = [("command", f"`{results['command']}`"), ("date", results["date"]),
+            ("machine", f"{m['processor']}, {m['cpus']} CPUs, {m['threads']} torch "
+                        f"thread(s) used"),
+            ("platform", m["platform"]), ("python", v["python"]), ("torch", v["torch"]),
+            ("transformers", v["transformers"]), ("fxckpt", f"commit {v['fxckpt']}"),
+            ("wall time", "-" if seconds is None else f"{seconds / 60:.1f} min")]
+    return ["# Benchmarks", "",
+            f"This page is generated: `{results['command']}` runs the suites below, writes "
+            "`benchmarks/results.json` and renders this file from it "
+            "(`fxckpt bench --all --from benchmarks/results.json` re-renders without "
+            "running). Every figure comes from that one run on this machine; ratios "
+            "compare ways measured side by side in it.", "",
+            "| | |", "|---|---|", *(f"| {k} | {val} |" for k, val in rows), "",
+            *(f"- [{TITLES[name]}](#{anchor(TITLES[name])})" for name in TITLES),
+            "- [CUDA](#cuda)", ""]
 
 
-def header(threads: int) -> dict:
-    return {"command": COMMAND,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine(threads), "versions": versions(),
-            "cuda_available": torch.cuda.is_available(), "configs": dict(CONFIGS)}
+def anchor(title: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as dashes."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
 
 
-def versions() -> dict:
-    import platform
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": _transformers_version(), "fxckpt": _commit()}
+def suite_lines(name: str, results: dict) -> list[str]:
+    lines = [f"## {TITLES[name]}", ""]
+    suite = results["suites"].get(name)
+    if suite is None:
+        return lines + ["Not part of this run.", ""]
+    lines += [READING[name], "", f"Configuration: {results['configs'][name]}.", ""]
+    if name == "models":
+        for model in suite["models"]:
+            lines += model_markdown(model)
+        return lines
+    return lines + [_MARKDOWN[name](suite).rstrip("\n"), ""]
 
 
-def _transformers_version() -> str:
-    try:
-        import transformers
-    except ImportError:
-        return "not installed"
-    return transformers.__version__
-
-
-def _commit() -> str:
-    """The checkout's commit, so the page names the code that made it."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _models(threads: int) -> dict:
-    config = bench.BenchConfig.quick_run(models=tuple(MODEL_NAMES), threads=threads)
-    return bench.run_bench(config)
-
-
-def _solvers(threads: int) -> dict:
-    with using_threads(threads):
-        result = bench_solvers.run_solvers(
-            n_layer=12, models=tuple(MODEL_NAMES), size="tiny", compile_gpt_layers=2,
-            hf_models=(), progress=Progress(sys.stderr))
-    return dict(result, machine=machine(threads))
-
-
-def _compile(threads: int) -> dict:
-    result = bench_compile.run_compile(layers=(2,), compilers=("aot_eager",), threads=threads,
-                                       repeat=1, progress=Progress(sys.stderr))
-    return dict(result, machine=machine(threads))
-
-
-def _scratch(threads: int) -> dict:
-    with using_threads(threads):
-        result = bench_scratch.run_scratch(models=tuple(MODEL_NAMES), device="cpu", size="tiny",
-                                           note=lambda line: print(line, file=sys.stderr))
-    return dict(result, machine=machine(threads))
-
-
-SUITES = {"models": _models, "solvers": _solvers, "compile": _compile, "scratch": _scratch}
+def cuda_lines(results: dict) -> list[str]:
+    ran = ("This page's run had a CUDA device" if results.get("cuda_available")
+           else "This page's run had no CUDA device, so it holds no GPU figures")
+    return ["## CUDA", "",
+            f"{ran}; the suites above ran on the CPU. GPU figures are not carried over "
+            "from runs of other code: they remain in this file's git history only. On a "
+            "CUDA machine these commands measure what the CPU cannot (offload, the "
+            "allocator's peaks, Inductor's GPU kernels):", "",
+            "```sh",
+            "fxckpt bench --device cuda --model gpt --size large --no-inductor --repeat 10",
+            "fxckpt bench --suite offload --device cuda",
+            "fxckpt bench --suite scratch --device cuda --size medium",
+            "bash .ci/cuda          # CUDA tests, memory model against the allocator, "
+            "offload, Inductor rows, scratch",
+            "bash .ci/cuda_quick    # the same checks side by side within a short deadline",
+            "```", ""]
