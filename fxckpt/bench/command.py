@@ -1,6 +1,7 @@
 """``fxckpt bench``'s suites as the command line runs them: the side-by-side
-table (models), the solvers and offload suites, each written as JSON and
-markdown under ``--out``."""
+table (models), the solvers, offload, compile and scratch suites, each written
+as JSON and markdown under ``--out``; ``--all`` hands over to
+:mod:`fxckpt.bench.suites`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from fxckpt.models import MODEL_NAMES
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.all:
+        return _run_all(args)
     command = _bench_command(args)
     if args.suite == "solvers":
         return _run_solvers(args, command)
@@ -47,6 +50,13 @@ def run_bench(args: argparse.Namespace) -> int:
     print(bench_report.markdown(dict(result, command=command)))
     print("wrote " + ", ".join(paths.values()), file=sys.stderr)
     return 0
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    from fxckpt.bench import suites
+    if args.from_results:
+        return suites.rerender(args.from_results)
+    return suites.run_all(threads=args.threads)
 
 
 def _bench_command(args: argparse.Namespace) -> str:

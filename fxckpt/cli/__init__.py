@@ -90,6 +90,12 @@ def add_bench(subparsers) -> None:
                              "about 10,000 joint-graph nodes; 12 with --quick); "
                              "--suite compile: the GPT's layers, repeat for several "
                              "(default: 4, 8, 16, 32, 64; 2 with --quick)")
+    parser.add_argument("--all", action="store_true",
+                        help="run every CPU suite in its quick configuration and write "
+                             "benchmarks/results.json and BENCHMARKS.md from it")
+    parser.add_argument("--from", dest="from_results", default=None, metavar="RESULTS",
+                        help="with --all: render BENCHMARKS.md from this results file "
+                             "without running anything")
     parser.add_argument("--out", default="bench-results",
                         help="directory for the results (default: ./bench-results)")
     parser.set_defaults(run=_run_bench)
