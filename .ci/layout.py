@@ -1,6 +1,7 @@
 """Prints the README's Layout block from the package itself: each top-level
-module with the first sentence of its docstring, each folder with its
-``__init__`` docstring's first sentence and every module in it.
+module with the first sentence of its docstring, each folder (and each
+folder inside one) with its ``__init__`` docstring's first sentence and
+every module in it.
 ``tests/test_layout.py`` holds the README to it; after moving files run
 ``python .ci/layout.py`` and paste its output under "## Layout"."""
 
@@ -34,11 +35,22 @@ def layout() -> str:
     out = ["fxckpt/"]
     for path in sorted(PACKAGE.glob("*.py")):
         out += entry(path.name, first_sentence(path))
-    for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+    for folder in _packages(PACKAGE):
         modules = sorted(p.stem for p in folder.glob("*.py") if p.name != "__init__.py")
         text = f"{first_sentence(folder / '__init__.py')}. Modules: {', '.join(modules)}"
+        inner = _packages(folder)
+        if inner:
+            text += f"; folders: {', '.join(p.name for p in inner)}"
         out += entry(f"{folder.name}/", text)
+        for sub in inner:
+            modules = sorted(p.stem for p in sub.glob("*.py") if p.name != "__init__.py")
+            text = f"{first_sentence(sub / '__init__.py')}. Modules: {', '.join(modules)}"
+            out += entry(f"{folder.name}/{sub.name}/", text)
     return "\n".join(out)
+
+
+def _packages(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in folder.iterdir() if (p / "__init__.py").exists())
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ import sys
 import torch
 
 import fxckpt
-import fxckpt.solve.frontier as frontier
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.bench.run import floor_bytes
-from fxckpt.bench.ways import torch_checkpointed, wrap_each
+from fxckpt.bench.ways import Step, torch_checkpointed, wrap_each
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import zoo  # noqa: E402
@@ -89,16 +88,22 @@ def floor(make, compiler) -> int:
     return floor
 
 
+def single_recompute_floor(make, compiler) -> int:
+    """The lowest frontier plan recomputing each value at most once (plans
+    recomputing again join the frontier only below it)."""
+    torch._dynamo.reset()
+    model, inputs, loss_fn = make()
+    sweep = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler=compiler)
+    return min(plan.peak_bytes for plan in sweep.frontier if not plan.recomputed_again)
+
+
 def main(names: str, compiler: str) -> None:
     torch.set_num_threads(1)
     torch.compiler.config.force_disable_caches = True
     for name in names.split(","):
         make = gpt if name == "gpt" else hf(name)
         lowest = floor(make, compiler)
-        bases = frontier._AGAIN_BASES
-        frontier._AGAIN_BASES = 0          # values recomputed at most once
-        single = floor(make, compiler)
-        frontier._AGAIN_BASES = bases
+        single = single_recompute_floor(make, compiler)
         torch_backend = "inductor" if compiler == "inductor" else "aot_eager"
         torch_per_block = measured(make, torch_backend, torch_checkpoint=True)
         per_block = measured(make, fxckpt.backend(compiler=compiler, solver="per_block"))

@@ -67,7 +67,7 @@ def recomputed_name(name: str) -> str:
 
 def copy_recomputed_name(name: str, copy: int) -> str:
     """The name of an earlier backward copy of a value recomputed more than
-    once (see Decision.again); the last copy has ``recomputed_name``."""
+    once (see Decision.copy_steps); the last copy has ``recomputed_name``."""
     return f"{name}{COPY_INFIX}{copy}{RECOMPUTED_SUFFIX}"
 
 
@@ -196,8 +196,8 @@ class Decision:
     # order) from which a new copy serves: copy 0 serves what needs the value
     # before the first step, copy j what needs it from step j on. A copy is
     # freed once what it serves ran. Pairs (name, steps), sorted by name.
-    again: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    copy_steps: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def recomputed_again(self) -> frozenset[str]:
-        return frozenset(name for name, _ in self.again)
+        return frozenset(name for name, _ in self.copy_steps)

@@ -84,7 +84,7 @@ def random_profile(seed: int, *, n_inputs: int = 3, n_forward: int = 20,
 
 
 def proxy_evaluate(problem):
-    """An evaluate() (solve/frontier.py) whose exact model is the proxy
+    """An evaluate() (solve/frontier) whose exact model is the proxy
     itself, so the budgeted driver and the frontier can be checked without
     graphs."""
     def mask(names):
@@ -97,12 +97,14 @@ def proxy_evaluate(problem):
     return evaluate
 
 
-def proxy_frontier(problem, solver):
+def proxy_frontier(problem, solver, **options):
     """The whole frontier of ``problem`` with ``proxy_evaluate`` as its exact
-    model, started from the runtime-optimal plan."""
+    model, started from the runtime-optimal plan; ``options`` as
+    pareto_frontier's (effort, stages)."""
     evaluate = proxy_evaluate(problem)
     optimal = runtime_optimal(problem)
-    return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)))
+    return pareto_frontier(problem, evaluate, solver, (optimal, *evaluate(optimal)),
+                           **options)
 
 
 def cost_at(frontier, budget):

@@ -1,5 +1,5 @@
 """Checks shared by the tests of plans made inside the frontier's steps
-(solve/descents.py, solve/swaps.py, solve/fills.py): which made plan a
+(solve/local_search: descend, swap, fill): which made plan a
 budget gains most on, and that a budget at its peak compiles exactly it,
 holds it measured and trains bitwise equal to eager."""
 

@@ -1,4 +1,4 @@
-"""Values recomputed more than once (Decision.again): exact op counts,
+"""Values recomputed more than once (Decision.copy_steps): exact op counts,
 gradients bitwise equal to eager PyTorch with dropout recomputed several
 times, the solver's copy steps on random problems, and, on the zoo GPT at
 sequence length 256, a floor below single recomputation whose measured peak
@@ -19,21 +19,24 @@ from hypothesis import strategies as st
 import fxckpt
 import fxckpt.options
 import fxckpt.planning.pipeline
-import fxckpt.solve.frontier as frontier
 from fxckpt.solve.candidates import Candidate
+from fxckpt.solve.effort import effort_for
+from fxckpt.solve.frontier.recompute_again import recomputed_again
 from fxckpt.bench.measure import measure_peak_bytes
 from fxckpt.errors import BudgetError, PlanError
 from fxckpt.passes.verify import verify_decision
-from fxckpt.solve.again import copy_starts, copy_steps, needs_of, recomputed_users
+from fxckpt.solve.multi_recompute import copy_starts, copy_steps, needs_of, recomputed_users
 from fxckpt.solve.baselines import per_block, recompute_all
 from fxckpt.solve.problem import build_problem
 
 try:
+    from tests.efforts import with_effort
     from tests.harness import assert_bitwise_equal, run_step
     from tests.opcount import OpCounter
     from tests.random_graphs import random_profile
     from tests.zoo import GPT, _shifted_ce
 except ImportError:  # pragma: no cover
+    from efforts import with_effort
     from harness import assert_bitwise_equal, run_step
     from opcount import OpCounter
     from random_graphs import random_profile
@@ -50,7 +53,7 @@ def _with_again(problem, names=None, gap=0.0):
     steps = copy_steps(problem, recomputed, gap)
     again = tuple(sorted((problem.names[i], s) for i, s in steps.items()
                          if names is None or problem.names[i] in names))
-    return replace(decision, again=again, solver="recompute_all+again")
+    return replace(decision, copy_steps=again, solver="recompute_all+recomputed again")
 
 
 @pytest.fixture
@@ -102,9 +105,9 @@ def test_a_value_recomputed_twice_runs_twice_in_backward(solver_named, reset_dyn
         names = {n for n in problem.names if n.startswith("_softmax")}
         decision = _with_again(problem, names)
         # One more copy only: from the first step after its first need.
-        again = tuple((name, steps[:1]) for name, steps in decision.again)
+        again = tuple((name, steps[:1]) for name, steps in decision.copy_steps)
         softmax_names.update(again)
-        return replace(decision, again=again)
+        return replace(decision, copy_steps=again)
 
     once_bwd, once_fwd, _ = _backward_counts("recompute_all", torch._dynamo.reset)
     again_bwd, again_fwd, plans = _backward_counts(solver_named("again_softmax", twice),
@@ -192,7 +195,7 @@ def test_floor_below_single_recompute_and_per_block_on_gpt_at_256(monkeypatch, r
     reset = torch._dynamo.reset
     floor = _floor(make, reset)
     with monkeypatch.context() as patched:
-        patched.setattr(frontier, "_AGAIN_BASES", 0)
+        with_effort(patched, again_bases=0)
         # Planned afresh, not selected from the frontier just built.
         patched.setattr(fxckpt.planning.pipeline.Planner, "memoizes", False)
         single_floor = _floor(make, reset)
@@ -214,15 +217,15 @@ def test_verify_refuses_copies_of_a_value_not_recomputed():
     decision = recompute_all(problem)
     saved = sorted(decision.saved)[0]
     recomputed = sorted(decision.recomputed)[0]
-    verify_decision(profile, tags, replace(decision, again=((recomputed, (5, 9)),)))
+    verify_decision(profile, tags, replace(decision, copy_steps=((recomputed, (5, 9)),)))
     with pytest.raises(PlanError, match="recomputed again but is not recomputed"):
-        verify_decision(profile, tags, replace(decision, again=((saved, (5,)),)))
+        verify_decision(profile, tags, replace(decision, copy_steps=((saved, (5,)),)))
     with pytest.raises(PlanError, match="not increasing"):
-        verify_decision(profile, tags, replace(decision, again=((recomputed, (9, 5)),)))
+        verify_decision(profile, tags, replace(decision, copy_steps=((recomputed, (9, 5)),)))
 
 
 def test_bases_tied_in_peak_and_cost_are_started_from_once():
-    """_recomputed_again starts from each (exact peak, cost) once: a region
+    """recomputed_again starts from each (exact peak, cost) once: a region
     seed tied with one taken before (per_block and lean_blocks on GPTs,
     which differ by a view) would give the same plans again."""
     profile, tags = random_profile(3)
@@ -249,17 +252,17 @@ def test_bases_tied_in_peak_and_cost_are_started_from_once():
                 Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
                           Timeline(80 if tied else 81), 0.5)]
 
-    frontier._recomputed_again(problem, candidate, found(tied=False))
+    recomputed_again(problem, candidate, found(tied=False), effort_for(problem.n))
     assert {name.split("+")[0] for name in started} == {"per_block", "lean_blocks"}
     started.clear()
-    frontier._recomputed_again(problem, candidate, found(tied=True))
+    recomputed_again(problem, candidate, found(tied=True), effort_for(problem.n))
     assert {name.split("+")[0] for name in started} == {"per_block"}
 
 
 def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
     """Plans recomputing again keep their base's saved set, so none peaks
     below what the base holds as backward starts (held_at_backward):
-    _recomputed_again skips a base holding the lowest peak already."""
+    recomputed_again skips a base holding the lowest peak already."""
     profile, tags = random_profile(3)
     problem = build_problem(profile, tags)
     plans = {"per_block": per_block(problem), "lean_blocks": recompute_all(problem)}
@@ -280,10 +283,10 @@ def test_bases_holding_the_lowest_peak_at_backward_are_not_started_from():
                 Candidate(replace(plans["lean_blocks"], solver="lean_blocks"), None,
                           Timeline(90, held), 0.4)]
 
-    frontier._recomputed_again(problem, candidate, found(held=79))
+    recomputed_again(problem, candidate, found(held=79), effort_for(problem.n))
     assert set(started) == {"per_block", "lean_blocks"}
     started.clear()
-    frontier._recomputed_again(problem, candidate, found(held=80))
+    recomputed_again(problem, candidate, found(held=80), effort_for(problem.n))
     assert set(started) == {"per_block"}
 
 
@@ -310,7 +313,7 @@ def _distinct_bases(count: int):
 
 def test_again_starts_from_the_lowest_plans_that_give_a_plan_below_the_floor():
     """Of the lowest plans (up to _AGAIN_TRIES), recomputing again sweeps
-    the first _AGAIN_BASES that give a plan below the lowest peak: a low
+    the first ``again_bases`` that give a plan below the lowest peak: a low
     plan that gives none does not take a place (tiny HF GPT-NeoX, hidden
     32: its second lowest plan gave none, the third gave the floor)."""
     problem, decisions = _distinct_bases(4)
@@ -329,7 +332,7 @@ def test_again_starts_from_the_lowest_plans_that_give_a_plan_below_the_floor():
 
     found = [Candidate(d, None, Timeline(100 + k), 1.0 - 0.1 * k)
              for k, d in enumerate(decisions)]
-    kept = frontier._recomputed_again(problem, candidate, found, from_seeds=False)
+    kept = recomputed_again(problem, candidate, found, effort_for(problem.n), from_seeds=False)
     assert set(started) == {0, 1, 2}
     assert kept and all(c.peak < 100 for c in kept)
     assert {[d.recomputed for d in decisions].index(c.decision.recomputed)

@@ -1,4 +1,4 @@
-"""Steep steps of the frontier are filled (solve/fills.py,
+"""Steep steps of the frontier are filled (solve/local_search/fill.py,
 ``steps_filled``): where one frontier plan costs much more recompute than
 the next one up, its plan filled to a peak between the two joins the
 frontier, so a budget inside the step pays less. Checked on random graphs
@@ -9,7 +9,7 @@ the floor without them.
 
 A budget inside a step then takes the step's lower plan filled towards the
 plan above (``step_fills``, a fixed few per step) or the plan above walked
-down (``step_descents``), as frontier.step_plans gives them: on random
+down (``step_descents``), as local_search.step_plans gives them: on random
 graphs the plans a budget gets are the last that fit of the frontier with
 those plans, which is again a frontier (so cost and peak stay monotone in the
 budget) and never costlier than the frontier alone; on the zoo GPT such a
@@ -19,7 +19,7 @@ and trains bitwise equal to eager."""
 from __future__ import annotations
 
 import copy
-import importlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -32,23 +32,25 @@ from fxckpt.bench.ways import Step
 from fxckpt.bench.zoo import make_bench_model
 from fxckpt.models import make_model
 from fxckpt.solve.candidates import masks
-from fxckpt.solve.frontier import pareto_frontier, solve_budgeted, step_plans
+from fxckpt.solve.effort import effort_for
+from fxckpt.solve.frontier import pareto_frontier, solve_budgeted, step_plans, without
+from fxckpt.solve.local_search import fill
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
 
 try:
+    from tests.efforts import with_effort
     from tests.harness import assert_bitwise_equal, run_step
     from tests.step_checks import assert_compiled_at_its_peak, most_gained
     from tests.random_graphs import (assert_runnable_and_never_costlier, cost_at,
                                      proxy_evaluate, proxy_frontier, random_profile)
 except ImportError:  # pragma: no cover
+    from efforts import with_effort
     from harness import assert_bitwise_equal, run_step
     from step_checks import assert_compiled_at_its_peak, most_gained
     from random_graphs import (assert_runnable_and_never_costlier, cost_at, proxy_evaluate,
                                proxy_frontier, random_profile)
 
-frontier_module = importlib.import_module("fxckpt.solve.frontier")
-fills_module = importlib.import_module("fxckpt.solve.fills")
 
 
 @settings(max_examples=20, deadline=None)
@@ -61,13 +63,10 @@ fills_module = importlib.import_module("fxckpt.solve.fills")
 def test_filled_steps_never_cost_more_and_stay_runnable(seed, solver, offload):
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
-    with pytest.MonkeyPatch.context() as patch:
-        # The steps' fills alone: the runtime-optimal plan filled (the
-        # frontier's top, tests/test_frontier_top.py) is a fill too.
-        patch.setattr(fills_module, "top_filled", lambda problem, candidate, optimal: [])
-        filled = proxy_frontier(problem, solver)
-        patch.setattr(fills_module, "_STEP_FILLS", 0)
-        plain = proxy_frontier(problem, solver)
+    # The steps' fills alone: the runtime-optimal plan filled (the
+    # frontier's top, tests/test_frontier_top.py) is a fill too.
+    filled = proxy_frontier(problem, solver, stages=without("top filled"))
+    plain = proxy_frontier(problem, solver, stages=without("top filled", "steep steps filled"))
     assert not any(c.decision.solver == "fill" for c in plain)
     assert_runnable_and_never_costlier(problem, filled, plain)
 
@@ -79,7 +78,7 @@ def test_a_budget_inside_a_steep_step_gets_a_filled_plan_that_trains_bitwise(res
     assert filled, [(p.peak_bytes, p.solver) for p in sweep.frontier]
     chosen = filled[0]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fills_module, "_STEP_FILLS", 0)
+        with_effort(patch, steps_filled=0)
         plain = fxckpt.pareto(Step(model, loss_fn), *inputs, compiler="eager")
     without = min(p.recompute_cost for p in plain.frontier if p.peak_bytes <= chosen.peak_bytes)
     assert chosen.recompute_cost < without
@@ -102,14 +101,14 @@ def test_filled_steps_leave_the_floor_where_it_was(name, reset_dynamo):
     model, inputs, loss_fn = make_bench_model(name, size="tiny")
     with_fills = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fills_module, "_STEP_FILLS", 0)
+        with_effort(patch, steps_filled=0)
         plain = fxckpt.pareto(Step(model, loss_fn), *inputs, budgets=[], compiler="eager")
     assert with_fills.floor_bytes == plain.floor_bytes
-    assert with_fills.frontier[0].solver.endswith("+again")
+    assert with_fills.frontier[0].solver.endswith("+recomputed again")
 
 
 def _key(decision):
-    return decision.saved, decision.recomputed, decision.offloaded, decision.again
+    return decision.saved, decision.recomputed, decision.offloaded, decision.copy_steps
 
 
 @settings(max_examples=20, deadline=None)
@@ -127,7 +126,7 @@ def test_a_budget_inside_a_step_takes_the_last_fitting_plan_of_the_filled_fronti
     # Inside each step: the fills of the lower plan and of the one below
     # it, the upper plan's walk down and its swaps (step_plans; seed 312
     # under "ilp" with offload chose a step descent, which a frontier
-    # extended by the fills alone did not hold). A swap (solve/swaps.py)
+    # extended by the fills alone did not hold). A swap (local_search/swap.py)
     # can cost what the upper plan does, peaking lower.
     extended = sorted(frontier + [
         c for below, lower, upper in zip([None] + frontier, frontier, frontier[1:])
@@ -157,7 +156,7 @@ def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(res
     step, inputs = gpt_step(2)
     sweep = fxckpt.pareto(step, *inputs, compiler="eager")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fills_module, "_AIM_LEVELS", 0)
+        with_effort(patch, aim_levels=0)
         plain = fxckpt.pareto(step, *inputs, compiler="eager")
     known = {p.fingerprint for p in plain.frontier}
     inside = [p for p in sweep.frontier if p.fingerprint not in known]
@@ -180,31 +179,31 @@ def test_a_budget_inside_a_step_gets_a_plan_filled_to_it_that_trains_bitwise(res
 @given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["ilp", "fast", "auto"]),
        st.booleans())
 def test_a_step_is_filled_from_the_plan_below_its_lower_plan_too(seed, solver, offload):
-    """fills.step_fills given the frontier plan under the step (``below``):
+    """fill.step_fills given the frontier plan under the step (``below``):
     every plan inside the step and runnable, a budget there paying no more
-    than with the lower plan's fills alone; beyond _BELOW_VALUES forward
-    values, exactly those fills."""
+    than with the lower plan's fills alone; at an effort without
+    ``fill_from_below`` (large graphs), exactly those fills."""
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
     evaluate = proxy_evaluate(problem)
     frontier = proxy_frontier(problem, solver)
+    effort = effort_for(problem.n)
     for below, lower, upper in zip(frontier, frontier[1:], frontier[2:]):
-        both = fills_module.step_fills(problem, evaluate, lower, upper, below)
-        alone = fills_module.step_fills(problem, evaluate, lower, upper)
+        both = fill.step_fills(problem, evaluate, lower, upper, below, effort)
+        alone = fill.step_fills(problem, evaluate, lower, upper, None, effort)
         for c in both:
             assert lower.peak < c.peak < upper.peak and upper.cost < c.cost < lower.cost
             assert problem.is_feasible(*masks(problem, c.decision)) == ""
         for budget in sorted({c.peak for c in both + alone}):
             assert cost_at([lower] + both, budget) <= cost_at([lower] + alone, budget) + 1e-15
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(fills_module, "_BELOW_VALUES", problem.n - 1)
-            assert [_key(c.decision) for c in fills_module.step_fills(
-                problem, evaluate, lower, upper, below)] == [_key(c.decision) for c in alone]
+        large = replace(effort, fill_from_below=False)
+        assert [_key(c.decision) for c in fill.step_fills(
+            problem, evaluate, lower, upper, below, large)] == [_key(c.decision) for c in alone]
 
 
 def test_tiny_llama_budgets_get_the_plan_below_filled_into_their_step(reset_dynamo):
     """Tiny HF Llama (no weights), solver="fast": a step's fills from the
-    frontier plan under its lower plan (fills.step_fills' ``below``) make
+    frontier plan under its lower plan (fill.step_fills' ``below``) make
     some budget pay at least 5% less than the lower plan's fills leave it
     (the fast frontier's budget at 153,960 B paid 1.158 us where the exact
     programme's paid 1.094); a budget at such a plan's peak compiles
@@ -215,7 +214,7 @@ def test_tiny_llama_budgets_get_the_plan_below_filled_into_their_step(reset_dyna
     step = Step(model, loss_fn)
     full = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fills_module, "_BELOW_VALUES", 0)
+        with_effort(patch, fill_from_below=False)
         plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     known = {p.fingerprint for p in plain.frontier}
     made = [p for p in full.frontier if p.fingerprint not in known]
@@ -233,7 +232,7 @@ def test_a_step_above_a_plan_recomputing_again_is_filled_from_a_single_recompute
     where filled it pays 1.062)."""
     from dataclasses import replace
 
-    from fxckpt.solve.again import copy_steps
+    from fxckpt.solve.multi_recompute import copy_steps
     from fxckpt.solve.baselines import recompute_all
     from fxckpt.solve.candidates import Candidate, mask
 
@@ -248,8 +247,8 @@ def test_a_step_above_a_plan_recomputing_again_is_filled_from_a_single_recompute
         steps = copy_steps(problem, recomputed, 0.0)
         if steps and problem.peak(*masks(problem, high)) > problem.peak(*masks(problem, low)):
             break
-    again = replace(low, again=tuple(sorted((problem.names[i], s) for i, s in steps.items())),
-                    solver="recompute_all+again")
+    again = replace(low, copy_steps=tuple(sorted((problem.names[i], s) for i, s in steps.items())),
+                    solver="recompute_all+recomputed again")
     single = replace(low, solver="cut")
     found = [Candidate(again, None, Timeline(80), 5.0),
              Candidate(single, None, Timeline(90), 6.0),
@@ -260,11 +259,11 @@ def test_a_step_above_a_plan_recomputing_again_is_filled_from_a_single_recompute
         started.append(decision)
         return Candidate(decision, None, Timeline(95), 2.0)
 
-    fills_module.steps_filled(problem, candidate, found)
+    fill.steps_filled(problem, candidate, found, effort_for(problem.n))
     # The step from the plan recomputing again (80 B, 5.0) to the upper one
     # (100 B, 1.0) is the frontier's only steep one: filled from the cut
     # plan, in the proxy as seen from it and in the frontier's.
     # Before, a step whose lower plan recomputes again was not filled.
-    assert started and all(not d.again for d in started)
+    assert started and all(not d.copy_steps for d in started)
     # A fill saves values back: it recomputes part of what its start does.
     assert all(set(d.recomputed) <= set(single.recomputed) for d in started)

@@ -1,4 +1,4 @@
-"""The top of the frontier (solve/fills.py ``top_filled``): the
+"""The top of the frontier (solve/local_search/fill.py ``top_filled``): the
 runtime-optimal plan recomputes what is cheap to recompute, which is not
 what costs least at its peak. On tiny HF GPT-2 a plan peaking lower
 recomputes far less, and only the exact programme's sweep found such
@@ -14,20 +14,18 @@ model on average, where the frontier's proxy is 1.2% off."""
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
 from fxckpt.solve.candidates import masks, plan_cost
+from fxckpt.solve.frontier import STAGES, pareto_frontier, without
+from fxckpt.solve.local_search.fill import as_seen_from
 
 try:
     from tests.planned_graph import tiny_hf_graph
 except ImportError:  # pragma: no cover
     from planned_graph import tiny_hf_graph
 
-frontier_module = importlib.import_module("fxckpt.solve.frontier")
-fills_module = importlib.import_module("fxckpt.solve.fills")
 
 
 @pytest.fixture(scope="module")
@@ -35,24 +33,21 @@ def gpt2():
     return tiny_hf_graph("hf_gpt2")
 
 
-def _at_optimal_peak(graph, solver):
+def _at_optimal_peak(graph, solver, stages=STAGES):
     """The recompute cost of the cheapest frontier plan that peaks no
     higher than the runtime-optimal plan, over that plan's."""
     optimal, _, timeline = graph.optimal
-    frontier = frontier_module.pareto_frontier(graph.problem, graph.estimate, solver,
-                                               graph.optimal)
+    frontier = pareto_frontier(graph.problem, graph.estimate, solver, graph.optimal,
+                               stages=stages)
     fitting = [c.cost for c in frontier if c.peak <= timeline.peak_bytes]
     return min(fitting) / plan_cost(graph.problem, optimal)
 
 
 def test_the_runtime_optimal_plan_filled_tops_the_fast_frontier(gpt2):
     filled = _at_optimal_peak(gpt2, "fast")
-    with pytest.MonkeyPatch.context() as patch:
-        # Without it: the runtime-optimal plan itself, which is on the list already.
-        patch.setattr(fills_module, "top_filled",
-                      lambda problem, candidate, optimal: [optimal])
-        unfilled = _at_optimal_peak(gpt2, "fast")
-        exact = _at_optimal_peak(gpt2, "ilp")
+    # Without it: the runtime-optimal plan itself, which is on the list already.
+    unfilled = _at_optimal_peak(gpt2, "fast", without("top filled"))
+    exact = _at_optimal_peak(gpt2, "ilp", without("top filled"))
     # Measured: 0.566 with the fill; 0.766 without, where the exact
     # programme's frontier reached 0.699.
     assert filled < 0.65, filled
@@ -62,9 +57,8 @@ def test_the_runtime_optimal_plan_filled_tops_the_fast_frontier(gpt2):
 
 def _plans(graph):
     """The fast frontier's plans a fill can start from (not recomputing again)."""
-    frontier = frontier_module.pareto_frontier(graph.problem, graph.estimate, "fast",
-                                               graph.optimal)
-    return [c for c in frontier if not c.decision.again]
+    frontier = pareto_frontier(graph.problem, graph.estimate, "fast", graph.optimal)
+    return [c for c in frontier if not c.decision.copy_steps]
 
 
 def test_added_stages_leave_the_others_and_read_where_plans_peak(gpt2):
@@ -90,7 +84,7 @@ def test_the_proxy_seen_from_a_plan_reads_its_peak_closer(gpt2):
     plain, seen = [], []
     for c in _plans(gpt2):
         plain.append(abs(problem.peak(*masks(problem, c.decision)) - c.peak) / c.peak)
-        view = fills_module.as_seen_from(problem, c)
+        view = as_seen_from(problem, c)
         seen.append(abs(view.peak(*masks(view, c.decision)) - c.peak) / c.peak)
     # Measured: 0.0038 against 0.0118 (18 plans).
     assert np.mean(seen) < 0.5 * np.mean(plain), (np.mean(seen), np.mean(plain))

@@ -119,7 +119,7 @@ AT_FLOOR = {
     # again, peaks 8 KiB under the runtime-optimal plan (measured 165,128 B,
     # as predicted: test_floor_compiles_within_it_and_trains_bitwise). It
     # was found once recomputing again tried the lowest plans that give a
-    # plan below the floor (frontier._AGAIN_TRIES); the floor had been the
+    # plan below the floor (the effort's again_tries); the floor had been the
     # runtime-optimal plan's 173,320 B.
     "chain": dict(floor=165128, saved=["detach_2", "primals_2", "primals_5", "t", "t_2"],
                   recomputed=["addmm", "relu", "sin"],

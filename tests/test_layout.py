@@ -17,7 +17,7 @@ def test_the_readme_layout_is_the_generated_one():
 
 def test_the_layout_names_every_module():
     layout = runpy.run_path(str(ROOT / ".ci" / "layout.py"))["layout"]()
-    words = set(layout.replace(",", " ").replace("/", " ").split())
+    words = set(layout.replace(",", " ").replace(";", " ").replace("/", " ").split())
     for path in (ROOT / "fxckpt").rglob("*.py"):
         if path.name != "__init__.py":
             name = path.name if path.parent.name == "fxckpt" else path.stem

@@ -124,13 +124,13 @@ def random_decision(profile, draw_bits: int) -> Decision:
 
 def with_random_again(profile, decision: Decision, draw_bits: int) -> Decision:
     """Some recomputed values made again: each from one to three random
-    backward steps on (Decision.again), steps past the end included."""
+    backward steps on (Decision.copy_steps), steps past the end included."""
     rng = random.Random(draw_bits)
     steps = sum(1 for p in profile.nodes.values() if p.phase == BACKWARD)
     again = tuple((name, tuple(sorted(set(rng.randrange(steps + 2)
                                           for _ in range(rng.randint(1, 3))))))
                   for name in sorted(decision.recomputed) if rng.random() < 0.4)
-    return replace(decision, again=again)
+    return replace(decision, copy_steps=again)
 
 
 def drawn_plan(profile, tags, bits: int, again: bool) -> Decision:
@@ -158,7 +158,7 @@ def fused_model(seed: int):
 @given(seed=st.integers(-1, 7), bits=st.integers(0, 2**32), again=st.booleans(),
        sinks=st.booleans(), fused=st.booleans())
 def test_model_peak_is_memory_models_peak(seed, bits, again, sinks, fused):
-    """With Decision.again too: one copy per range of backward steps; with
+    """With Decision.copy_steps too: one copy per range of backward steps; with
     growing backward nodes sunk (the lower of the two orders); and fused as
     under Inductor (pointwise values their readers compute inline are never
     allocated; one backward order)."""
@@ -170,7 +170,7 @@ def test_model_peak_is_memory_models_peak(seed, bits, again, sinks, fused):
     if fused:
         model = fused_model(seed)
     decision = drawn_plan(profile, tags, bits, again)
-    assume(decision.again or not again)
+    assume(decision.copy_steps or not again)
     estimated = model.peak(decision)
     assume(estimated is not None)
     real = None
@@ -200,7 +200,7 @@ def test_model_peak_is_memory_models_peak(seed, bits, again, sinks, fused):
 def test_what_backward_starts_holding_bounds_plans_recomputing_again(seed, bits, sinks, fused):
     """held_at_backward depends on the saved set alone: a plan recomputing
     values again holds the same bytes as backward starts, and neither
-    peaks below them (solve/frontier.py skips again-bases by it)."""
+    peaks below them (the frontier's recompute-again stage skips bases by it)."""
     joint, profile, tags, num_fwd_outputs, model = analysed(seed)
     if sinks and not fused:
         model = sinking_model(seed)
@@ -208,7 +208,7 @@ def test_what_backward_starts_holding_bounds_plans_recomputing_again(seed, bits,
         model = fused_model(seed)
     decision = random_decision(profile, bits)
     again = with_random_again(profile, decision, bits)
-    assume(again.again)
+    assume(again.copy_steps)
     try:
         verify_decision(profile, tags, decision)
         verify_decision(profile, tags, again)

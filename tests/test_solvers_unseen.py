@@ -5,8 +5,8 @@ peak, as examples/solvers_hf.py measures them: where a fix made the fast
 frontier reach the exact programme's plans.
 
 * StableLM (hidden 64, sequence 16): the cut plan next to the one the
-  frontier's gaps picked peaks as low for less (solve/frontier.py's
-  _cut_walk), and recomputing again from it lowers the step above the
+  frontier's gaps picked peaks as low for less (the frontier's
+  cut walk), and recomputing again from it lowers the step above the
   floor; every budget within 5%, where 11 of 21 were before.
 * GPT-NeoX (hidden 32, sequence 16): the plan at the floor recomputes again
   from the third lowest plan, the second giving none below the floor

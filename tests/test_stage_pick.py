@@ -1,4 +1,4 @@
-"""The memory proxy's stages (fxckpt/solve/stages.py): however few, they
+"""The memory proxy's stages (fxckpt/solve/proxy_stages.py): however few, they
 include the backward step where saving everything peaks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fxckpt.solve import BASELINES, stages
+from fxckpt.solve import BASELINES, proxy_stages as stages
 from fxckpt.solve.problem import build_problem
 
 try:

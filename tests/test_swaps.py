@@ -1,5 +1,5 @@
-"""A budget's step gets its cheaper plan swapped (solve/swaps.py,
-frontier.step_plans): a saved value live where it peaks recomputed, a
+"""A budget's step gets its cheaper plan swapped (solve/local_search/swap.py,
+local_search.step_plans): a saved value live where it peaks recomputed, a
 recomputed value saved back. Checked on random graphs (every swap a
 runnable plan other than the one it starts from; the step's plans inside
 the step, runnable, never costlier at any budget than without swaps, and
@@ -12,7 +12,7 @@ eager."""
 
 from __future__ import annotations
 
-import importlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -24,17 +24,17 @@ from fxckpt.solve.candidates import masks, plan_cost
 from fxckpt.solve.frontier import solve_budgeted, step_plans
 from fxckpt.solve.problem import build_problem
 from fxckpt.solve.runtime_optimal import runtime_optimal
-from fxckpt.solve.swaps import swaps
+from fxckpt.solve.effort import effort_for
+from fxckpt.solve.local_search.swap import step_swaps, swaps
 
 try:
+    from tests.efforts import with_effort
     from tests.step_checks import assert_compiled_at_its_peak, most_gained
     from tests.random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
 except ImportError:  # pragma: no cover
+    from efforts import with_effort
     from step_checks import assert_compiled_at_its_peak, most_gained
     from random_graphs import cost_at, proxy_evaluate, proxy_frontier, random_profile
-
-swaps_module = importlib.import_module("fxckpt.solve.swaps")
-
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(min_value=0, max_value=10_000), st.booleans())
@@ -42,10 +42,10 @@ def test_every_swap_is_a_runnable_plan_other_than_its_start(seed, offload):
     profile, tags = random_profile(seed, offload=offload)
     problem = build_problem(profile, tags, bandwidth=2.5e5 if offload else None)
     for start in proxy_frontier(problem, "fast"):
-        if start.decision.again:
+        if start.decision.copy_steps:
             continue
         plan = masks(problem, start.decision)
-        made = swaps(problem, plan)
+        made = swaps(problem, plan, effort_for(problem.n).swap_width)
         keys = {tuple(m.tobytes() for m in trial) for trial in made}
         assert len(keys) == len(made)
         assert tuple(m.tobytes() for m in plan) not in keys
@@ -58,7 +58,7 @@ def test_every_swap_is_a_runnable_plan_other_than_its_start(seed, offload):
        st.booleans())
 def test_a_budget_inside_a_step_also_gets_the_upper_plan_swapped(seed, solver, offload):
     """At selection the budget's step offers the upper plan swapped
-    (swaps.step_swaps) besides the fills and descents: each plan inside
+    (swap.step_swaps) besides the fills and descents: each plan inside
     the step and runnable; a budget pays no more than without swaps, and
     never more than a smaller budget."""
     profile, tags = random_profile(seed, offload=offload)
@@ -69,9 +69,8 @@ def test_a_budget_inside_a_step_also_gets_the_upper_plan_swapped(seed, solver, o
     budgets = []
     for below, lower, upper in zip([None] + frontier, frontier, frontier[1:]):
         inside = step_plans(problem, evaluate, lower, upper, below)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(swaps_module, "_EVALS", 0)
-            plain = step_plans(problem, evaluate, lower, upper, below)
+        plain = step_plans(problem, evaluate, lower, upper, below,
+                           replace(effort_for(problem.n), swap_evaluations=0))
         assert not any(c.decision.solver == "swap" for c in plain)
         for c in inside:
             assert lower.peak < c.peak < upper.peak and upper.cost <= c.cost < lower.cost
@@ -89,8 +88,9 @@ def test_a_budget_inside_a_step_also_gets_the_upper_plan_swapped(seed, solver, o
 
 
 def test_large_graphs_get_no_swaps():
-    """Beyond _MAX_VALUES forward values a step weighs and evaluates no
-    swap, on a graph where it evaluates swaps otherwise."""
+    """At the effort of a graph beyond 600 forward values a step weighs and
+    evaluates no swap, on a graph where it evaluates swaps otherwise."""
+    assert effort_for(600).swaps and not effort_for(601).swaps
     for seed in range(200):
         profile, tags = random_profile(seed)
         problem = build_problem(profile, tags)
@@ -101,16 +101,15 @@ def test_large_graphs_get_no_swaps():
         def counted(decision):
             evaluated.append(decision)
             return evaluate(decision)
-        if any(swaps_module.step_swaps(problem, counted, lower, upper)
+        if any(step_swaps(problem, counted, lower, upper, effort_for(problem.n))
                for lower, upper in zip(frontier, frontier[1:])):
             break
     else:
         pytest.fail("no random graph gets a swap")
     evaluated.clear()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(swaps_module, "_MAX_VALUES", problem.n - 1)
-        assert not any(swaps_module.step_swaps(problem, counted, lower, upper)
-                       for lower, upper in zip(frontier, frontier[1:]))
+    large = replace(effort_for(problem.n), swaps=effort_for(601).swaps)
+    assert not any(step_swaps(problem, counted, lower, upper, large)
+                   for lower, upper in zip(frontier, frontier[1:]))
     assert evaluated == []
 
 
@@ -118,7 +117,7 @@ def test_a_swapped_plan_closes_a_step_and_trains_bitwise(reset_dynamo):
     step, inputs = gpt_step(4)
     full = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(swaps_module, "_EVALS", 0)
+        with_effort(patch, swap_evaluations=0)
         plain = fxckpt.pareto(step, *inputs, compiler="eager", solver="fast")
     assert not any(p.solver == "swap" for p in plain.frontier)
     made = [p for p in full.frontier if p.solver == "swap"]

@@ -7,7 +7,7 @@ Torch's plan is taken from its partitioner on the same joint graph (the
 values its forward saves) and followed through fxckpt's own pipeline by a
 policy that saves exactly those values and recomputes the rest. Tiny HF
 Llama and GPT-2 (transformers configurations, no weights), where before
-the cut plans of solve/frontier.py the frontier had no plan as cheap as
+the cut plans of solve/frontier the frontier had no plan as cheap as
 torch's at its peak (HF Llama at 0.5: torch's plan 130,632 B and 5.8 us,
 the frontier 124,232 B at 8.46 us, then 134,792 B at 2.87 us).
 

@@ -1,6 +1,6 @@
 """fxckpt.pareto: what each memory budget costs, from one capture.
 
-The budget only selects among a fixed set of plans: solve/frontier.py builds
+The budget only selects among a fixed set of plans: solve/frontier builds
 the graph's peak / recompute-cost frontier, and a few plans filled inside
 each of its steps, without looking at the budget, then takes the cheapest
 of them that fits. So a sweep captures the

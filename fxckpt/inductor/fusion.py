@@ -7,7 +7,7 @@ ops read what the forward saved, as do kernels of other layers (the
 weights, the random seeds, a causal mask): fused with those, a layer's
 recomputation runs while an earlier layer's backward runs, and its values
 are held from there, and the copies of a value recomputed more than once
-(Decision.again) are made all at once. Measured on the zoo GPT's floor
+(Decision.copy_steps) are made all at once. Measured on the zoo GPT's floor
 plan: the compiled peak falls from 4,496,256 to 3,815,040 bytes with this
 refused.
 

@@ -17,7 +17,7 @@ memory/schedule_walk.py's (KeyWalk, ScheduleModel's other half).
 
 It covers what the budgeted frontier mostly asks for: plans that save and
 recompute, random recomputes replaying a saved generator state included,
-values recomputed more than once (Decision.again: one copy per range of
+values recomputed more than once (Decision.copy_steps: one copy per range of
 backward steps, each reader reading the copy serving its step, earlier
 copies with storages of their own or, for views, their input copy's),
 simulated unfused (``compiler="eager"``). It declines (``peak`` returns
@@ -59,7 +59,7 @@ class ModelTimeline:
     # Bytes live as backward starts: what forward left and backward's inputs
     # (saved values, generator states, incoming gradients). The same for
     # every plan with this saved set, whatever it recomputes or when, and
-    # none of them peaks lower (solve/frontier.py's _recomputed_again).
+    # none of them peaks lower (the frontier's recompute-again stage).
     held_at_backward: int = 0
 
 
@@ -129,7 +129,7 @@ class ScheduleModel(KeyWalk):
         self.fresh_refs: dict = {}  # by (key, position)
         self.first_fresh_ref = 1 + max((ref for found in self.storages for ref, _ in found),
                                        default=-1)
-        # Backward steps (Decision.again's): each backward node's index
+        # Backward steps (Decision.copy_steps's): each backward node's index
         # among the backward nodes, in graph order.
         self.steps = {i: k for k, i in enumerate(i for i, n in enumerate(nodes) if n.backward)}
         # Each node's first backward step reading it (_first_needs).
@@ -159,7 +159,7 @@ class ScheduleModel(KeyWalk):
         states = [self.state_keys[r] for r in recomputed if self.nodes[r].state_bytes]
         tangents = self.tangents
         placeholders = sorted(saved) + states + tangents
-        again = {self.index[n]: steps for n, steps in decision.again}
+        again = {self.index[n]: steps for n, steps in decision.copy_steps}
         order, inputs, copies, changed = self._edited(recomputed, again)
         forward_nodes = self.forward_nodes
         if not self.reads_late.isdisjoint(recomputed):
@@ -241,7 +241,7 @@ class ScheduleModel(KeyWalk):
         if not again:
             return self._edited_once(recomputed, need)
         copies: dict[int, list] = {}
-        # Values with one copy (most: all, without Decision.again) read as
+        # Values with one copy (most: all, without Decision.copy_steps) read as
         # that copy, without _pick's search.
         clone: dict = {}
         begins: dict = {}  # values with several copies: their first steps
@@ -282,7 +282,7 @@ class ScheduleModel(KeyWalk):
 
     def _edited_once(self, recomputed: list[int], need: dict[int, int]):
         """``_edited`` where every recomputed value has one copy, its clone
-        (no Decision.again): each reader reads it, whatever its step. The
+        (no Decision.copy_steps): each reader reads it, whatever its step. The
         same answer, by the joint graph's inputs read once (``distinct``),
         as a plan's copies and their readers run into the thousands (a
         64-layer GPT)."""

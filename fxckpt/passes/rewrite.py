@@ -11,7 +11,7 @@ In order, with no interleaving:
    anything backward does not need. FX's code generator frees every value
    after its last use, so a recomputed value lives only as long as it must.
 
-A value the decision recomputes again (Decision.again) gets one clone per
+A value the decision recomputes again (Decision.copy_steps) gets one clone per
 range of backward steps; what needs it within a range reads that range's
 copy, so an earlier copy is freed once its readers ran and the value is
 made again when backward next needs it. The copies of a random op replay
@@ -160,7 +160,7 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
                                        name=f"{value.name}_reloaded")
         reload.meta = dict(value.meta)
         clone_of[value] = reload
-    copies, states = _emit_copies(graph, profile, order, dict(decision.again), clone_of,
+    copies, states = _emit_copies(graph, profile, order, dict(decision.copy_steps), clone_of,
                                   before=first_backward)
     at = _backward_steps(profile)
     last = {**clone_of, **{value: made[-1][1] for value, made in copies.items()}}
@@ -180,7 +180,7 @@ def _build_recompute(graph: fx.Graph, profile: Profile, decision: Decision,
 
 def _backward_steps(profile: Profile) -> dict[str, int]:
     """Each backward node's index among backward nodes, in graph order: the
-    steps Decision.again names."""
+    steps Decision.copy_steps names."""
     backward = [name for name, node in profile.nodes.items() if node.phase == BACKWARD]
     return {name: k for k, name in enumerate(backward)}
 

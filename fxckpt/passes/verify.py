@@ -15,7 +15,7 @@ from fxckpt.ops import is_random
 def verify_decision(profile: Profile, tags: dict[str, Tag], decision: Decision) -> None:
     problems = []
     both = decision.saved & decision.recomputed
-    for name, steps in decision.again:
+    for name, steps in decision.copy_steps:
         if name not in decision.recomputed:
             problems.append(f"{name} is to be recomputed again but is not recomputed")
         if list(steps) != sorted(set(steps)) or not steps:

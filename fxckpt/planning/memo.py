@@ -1,6 +1,6 @@
 """Frontiers built in this process, reused when a graph is planned again.
 
-A graph's trade-off frontier (solve/frontier.py) depends on the graph, its
+A graph's trade-off frontier (solve/frontier) depends on the graph, its
 tags and the options, never on the budget: the budget only selects from
 it. So planning the same graph again at another budget selects from the
 frontier built the first time instead of solving again. That happens

@@ -2,7 +2,7 @@
 rewrite -> verify -> forward and backward graphs, plus the Plan that explains
 them. ``Planner`` is what AOTAutograd calls as its partition function.
 
-Under a budget the frontier (solve/frontier.py) weighs many candidate plans.
+Under a budget the frontier (solve/frontier) weighs many candidate plans.
 Rewriting each into FX graphs and simulating those cost most of the planning
 time, so candidates are simulated by the schedule model instead
 (memory/schedule.py: the joint graph read once into lists, each plan's
@@ -348,11 +348,11 @@ class Planner:
 class Frontier:
     """Every plan a budget can select for one graph (see fxckpt.pareto).
 
-    ``plans`` are the frontier of solve/frontier.py with the plans filled
-    inside its steps and walked down them (solve/frontier.py's
+    ``plans`` are the frontier of solve/frontier with the plans filled
+    inside its steps, walked down them and swapped (solve/local_search's
     ``step_plans``), lowest peak first, each recomputing no more than the
-    one before (a swap, solve/swaps.py, can cost what the plan above it
-    does); ``runtime_optimal`` is the plan without a budget."""
+    one before (a swap can cost what the plan above it does);
+    ``runtime_optimal`` is the plan without a budget."""
 
     runtime_optimal: Plan
     plans: tuple[Plan, ...]

@@ -63,7 +63,7 @@ class Plan:
     model_peak_bytes: int | None = None
     offload_bandwidth: float | None = None   # bytes per second one way
     # Recomputed values backward computes more than once, with how many
-    # times (Decision.again).
+    # times (Decision.copy_steps).
     recomputed_again: tuple[tuple[str, int], ...] = ()
 
     def __repr__(self) -> str:
@@ -150,7 +150,7 @@ def make_plan(profile: Profile, tags: dict[str, Tag], decision: Decision, rewrit
     entries += [PlanEntry(name, Action.SAVED, RNG_STATE_OP, rewritten.rng_state_bytes[name], 0.0, 0,
                           "-", "generator state a recomputed random op replays", "")
                 for name in rewritten.rng_states]
-    steps = dict(decision.again)
+    steps = dict(decision.copy_steps)
     again = tuple((n, 1 + len(steps[n])) for n in recomputed if n in steps)
     extra = [n for n, times in again for _ in range(times - 1)]
     notes = []

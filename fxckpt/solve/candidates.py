@@ -46,7 +46,7 @@ def evaluated(problem: Problem, evaluate: Evaluate, decision: Decision) -> Candi
 
 def plan_key(decision: Decision) -> tuple:
     """What tells two plans apart."""
-    return decision.saved, decision.recomputed, decision.offloaded, decision.again
+    return decision.saved, decision.recomputed, decision.offloaded, decision.copy_steps
 
 
 def non_dominated(found: list[Candidate]) -> list[Candidate]:
@@ -68,7 +68,7 @@ def plan_cost(problem: Problem, decision: Decision) -> float:
 
 def _copies(problem: Problem, decision: Decision) -> np.ndarray:
     """How many times backward computes each value (1 where it does not)."""
-    steps = dict(decision.again)
+    steps = dict(decision.copy_steps)
     return np.array([1 + len(steps.get(name, ())) for name in problem.names])
 
 

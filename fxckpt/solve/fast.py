@@ -17,7 +17,7 @@ nothing to recompute but end a costly chain backward would recompute for
 them; where no single value helps, all the recomputed readers of a costly
 value that cannot be saved, such as an op with several outputs). Where no candidate fits but one is
 over by at most ``_REPAIR_REACH``, it is repaired first: values live at the
-proxy's peak are recomputed until it fits. Last, on graphs of
+proxy's peak are recomputed while it is over. Last, on graphs of
 up to ``_POLISH_MAX_VALUES`` forward values the exact programme runs, its
 search bounded by ``_POLISH_NODES`` branch-and-bound nodes: there it costs
 little, and the floor (the lowest plan) is then exact.
@@ -27,7 +27,7 @@ give the same plan whatever the machine's load.
 
 Offload (values tagged *_CPU_OFFLOAD) enters each candidate after the fact:
 a plan over the budget offloads saved values live at its peak, largest
-first, until it fits; the fill then also weighs keeping an offloaded value on
+first, while it is over; the fill then also weighs keeping an offloaded value on
 the device (saves its transfer) and offloading a recomputed one (saves its
 recompute, costs its transfer).
 """
@@ -49,54 +49,43 @@ _FILL_CANDIDATES = 64
 # outputs backward recomputes, hundreds on deep models.
 _RELEASE_CANDIDATES = 16
 # Values free to recompute whose saving spares a costly chain, weighed per
-# round besides the costly values (``_chain_ends``). On tiny HF GPT-2, 4
-# gave the fast solver's plans the same costs as 8 or 16 (1.03x the exact
-# programme's on the proxy, against 1.19x with none); 16, mixed in without
-# the spared-recompute test, took the 8-layer GPT's planning 1.15 -> 1.4 s.
-# Finding them walks every free value backward reads, each round: not on
-# graphs of more than _END_MAX_VALUES forward values (the 58-layer GPT,
-# 5,599: planning 4.9-5.0 -> 5.4 s, for a plan of the same cost).
+# round besides the costly values (``_chain_ends``): 4 gives plans as cheap
+# as 8 or 16 do (tiny HF GPT-2: 1.03x the exact programme's cost;
+# `fxckpt bench --suite solvers`). Finding them walks every free value
+# backward reads each round, so graphs of more than _END_MAX_VALUES forward
+# values skip it, where it costs planning time and finds no cheaper plan.
 _END_CANDIDATES = 4
 _END_MAX_VALUES = 3_200
 _THRESHOLDS = (0.5, 0.3, 0.7, 0.1, 0.9, 0.01)
 _FILL_ROUNDS = 24
 # Moves taken in one round of the fill, at most (``_batched``).
 _FILL_BATCH = 8
-# The exact programme's root and a short search: on graphs of up to 100
-# values only. Up to 400 it took nearly half of a 4-layer GPT's planning
-# (387 values: 1.5 s against 0.8 s), for a frontier that without it stays
-# within 3% of the exact programme's at every budget (worst +2.6%; the
-# zoo's GPT: no budget costlier) now that the cut plan is always filled.
-# Polishing up to 600 values instead (`fxckpt bench --suite solvers`): the
-# eleven hidden-32 HF configurations of examples/solvers_hf.py had 230 of
-# 231 budgets within 5% of the exact programme (209 without), ten hidden-64
-# ones at sequence 128 210 of 210 (185 without), but the compile suite's
-# 4-layer GPT planned its budget in 1.46 s against 0.79 s, its first step
-# 1.48x torch.compile's (1.12x without; the compile suite allows 1.2x). Each
-# solve stops at the root; the root's cuts are what the rounded plans
-# lack, and neither the relaxation's bound nor a neighbourhood of the
-# fast plan found them for less.
+# The exact programme's root and a short search, on graphs of up to 100
+# values only: the root's cuts are what the rounded plans lack, and on small
+# graphs they cost little. Larger graphs skip it: with the cut plan filled
+# their frontiers stay within 3% of the exact programme's
+# (`fxckpt bench --suite solvers`), and polishing them slows planning past
+# what the compile suite allows (`fxckpt bench --suite compile`).
 _POLISH_MAX_VALUES = 100
 _POLISH_NODES = 200
 # The cut plan is filled besides the cheapest candidate on graphs of up to
 # this many values (``solve_fast``): a fill weighs moves in proportion to
-# the graph, and on a 58-layer GPT (5,139 values) filling the cut plan
-# instead of the next cheapest took planning 4% longer for the same plan.
+# the graph, and on larger graphs filling the cut plan rather than the next
+# cheapest costs planning time for the same plan (`fxckpt bench --suite solvers`).
 _CUT_FILL_MAX_VALUES = 3_200
 # A plan over the budget by at most _REPAIR_REACH is repaired (``repaired``)
 # when no candidate fits, in at most _REPAIR_ROUNDS rounds.
 _REPAIR_REACH = 0.02
 _REPAIR_ROUNDS = 8
 # Near misses repaired besides the candidates that fit (``_repaired_misses``):
-# the cheapest. Repairing the two cheapest gave the same frontiers on the
-# compile suite's 4- and 8-layer GPTs, and on its 64-layer GPT took 0.46 s
-# of planning (16 repairs in 13 solves; the cheapest alone: 13, 0.36 s).
+# the cheapest only, since repairing more finds the same frontiers on the
+# 4- and 8-layer GPTs and costs planning time (`fxckpt bench --suite compile`).
 _REPAIR_MISSES = 1
 # Values weighed per round when repairing a near miss (``repaired``'s
-# ``width``; where nothing fits, _FILL_CANDIDATES): on the compile suite's
-# 16-layer GPT, 16 repairs took 0.07 s against 0.29 s weighing 64, for the
-# same plan at budget 0.5 there, and the 8-layer GPT's frontier still
-# within 5% of the exact programme's at 20 of 21 budgets.
+# ``width``; where nothing fits, _FILL_CANDIDATES): a narrow repair is a
+# fraction of the cost of weighing 64 and finds the same plans, the 8-layer
+# GPT's frontier staying within 5% of the exact programme's
+# (`fxckpt bench --suite solvers`).
 _MISS_WIDTH = 16
 
 
@@ -104,8 +93,8 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None,
                relaxations: Relaxations | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Plan within ``budget`` under the memory proxy; return (saved,
-    recomputed, offloaded). ``cuts``: cut plans found for this problem or a
-    refinement of it before (CutPlans), kept there; ``relaxations``: the
+    recomputed, offloaded). ``cuts``: cut plans already found for this problem
+    or a refinement of it (CutPlans), kept there; ``relaxations``: the
     series of linear relaxations this solve continues (ilp.Relaxations)."""
     candidates = _rounded_plans(problem, budget, relaxations or Relaxations())
     if problem.n <= _POLISH_MAX_VALUES:
@@ -128,14 +117,11 @@ def solve_fast(problem: Problem, budget: float, cuts: "CutPlans | None" = None,
         raise Infeasible("no plan fits the budget under the memory model")
     feasible.sort(key=lambda c: price(*c))
     # Two plans are filled: the cheapest, and on graphs up to
-    # _CUT_FILL_MAX_VALUES values the cut plan whatever its price (it saves
-    # by bytes, so the fill has more room to spend there: on the compile
-    # suite's 8-layer GPT a cut plan at 16.2 us filled to 10.65 us, where
-    # the cheapest, a rounded plan at 11.25 us, filled to 11.24), beyond
-    # that the next cheapest. They are often the same plan, filled once.
-    # (Filling up to eight rounded plans as well found one cheaper frontier
-    # plan on that GPT, 14.64 us against 14.88 us, and took its planning
-    # some 5% longer.)
+    # _CUT_FILL_MAX_VALUES values the cut plan whatever its price: it saves
+    # by bytes, so the fill has more room to spend there and often ends
+    # cheaper than the filled cheapest (`fxckpt bench --suite solvers`);
+    # beyond that the next cheapest. They are often the same plan, filled
+    # once. Filling more rounded plans costs planning time for rare gains.
     if problem.n <= _CUT_FILL_MAX_VALUES and any(c is cut for c in feasible):
         chosen = [feasible[0], cut]
     else:
@@ -149,11 +135,10 @@ def _repaired_misses(problem: Problem, budget: float, price, over: list,
     """Candidates just over the budget (``over``: (proxy peak, plan) of each
     candidate over it), repaired (``repaired``): where none fits, the one
     that peaks lowest; else the ``_REPAIR_MISSES`` cheapest of those cheaper
-    than every one that fits. A rounded plan a fraction of
-    a percent over the budget can be the better start: on the compile
-    suite's 4-layer GPT, rounded plans 0.25% over a target at 12.3-12.7 us
-    repaired and filled to 15.6 us, where the cut plan that fit filled to
-    19.4 us (the exact programme: 15.1 us)."""
+    than every one that fits. A rounded plan a fraction of a percent over
+    the budget can be a better start than the plans that fit: repaired and
+    filled, it can end nearer the exact programme's cost
+    (`fxckpt bench --suite solvers`)."""
     if not feasible:
         if not over:
             return []
@@ -170,11 +155,10 @@ def repaired(problem: Problem, budget: float, plan, width: int = _FILL_CANDIDATE
     """A plan within ``budget`` made from ``plan``, over it by at most
     ``_REPAIR_REACH``, by recomputing saved values live at the proxy's peak
     (``lowered``, one move a round); None if ``_REPAIR_ROUNDS`` rounds do
-    not get there. The rounded and cut plans can all miss a budget the
-    exact programme meets: on the compile suite's 8-layer GPT, a target
-    0.2% under the lowest of them, where the ILP found a plan costing
-    13.9 us and this one costing 14.7 us. ``width``: the values weighed
-    each round, those freeing most bytes per recompute cost."""
+    not get there. The rounded and cut plans can all miss, by a fraction of
+    a percent, a budget the exact programme meets, and repairing one still
+    gives a plan there. ``width``: the values weighed each round, those
+    freeing most bytes per recompute cost."""
     if problem.peak(*plan) > budget * (1 + _REPAIR_REACH):
         return None
     for _ in range(_REPAIR_ROUNDS):
@@ -347,8 +331,7 @@ class CutPlans:
     """``cut_plan`` by price, remembered for one problem and its
     refinements (Problem.refined changes the proxy's stage rows, never what
     a cut plan is). The bisections of a frontier's solves probe many of the
-    same prices: 198 of 281 on an 8-layer GPT, 73 of 146 on a 58-layer one.
-    The plans are read-only."""
+    same prices, so each is cut once. The plans are read-only."""
 
     def __init__(self) -> None:
         self._plans: dict[float, tuple[np.ndarray, np.ndarray]] = {}
@@ -404,8 +387,8 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
     per byte of peak added, and takes the best that fits, then the next
     best saving moves with it while the plan still fits and costs less (at
     most ``_FILL_BATCH`` a round: a model with a dropout per sublayer has
-    hundreds of small masks worth saving, one a round took every fill to
-    its last round)."""
+    hundreds of small masks worth saving, and one a round would run every
+    fill to its last round)."""
     plan = (saved.copy(), recomputed.copy(), offloaded.copy())
     price = objective_of(problem)
     objective = price(*plan)
@@ -416,7 +399,7 @@ def fill(problem: Problem, budget: float, saved: np.ndarray, recomputed: np.ndar
         if not ranked:
             # Only then the releasing moves (``_released``): there are as
             # many as ops with several outputs, and weighing them every
-            # round took the 8-layer GPT's fills 1.7 times as long.
+            # round makes each fill much slower (`fxckpt bench --suite compile`).
             ranked = _ranked_moves(problem, budget, price, objective, plan, live,
                                    _moves(problem, *plan, releasing=True))
         if not ranked:
@@ -451,7 +434,7 @@ def _ranked_moves(problem: Problem, budget: float, price, objective: float, plan
 def _batched(problem: Problem, budget: float, price, ranked: list, offloaded: np.ndarray):
     """(plan, stage bytes, objective) after the best move, and after each
     next best saving move (up to ``_FILL_BATCH`` in all) that, taken with
-    those before it, still fits and costs less. ``offloaded``: the round's
+    those already taken, still fits and costs less. ``offloaded``: the round's
     plan's, so that a move adds only the offload it makes (a value the best
     move keeps on the device stays there)."""
     _, _, plan, live, objective, taken = ranked[0]
@@ -559,8 +542,8 @@ def _released(problem: Problem, recomputed: np.ndarray) -> list[tuple[int, tuple
     An op with several outputs (max_pool2d_with_indices, native_layer_norm,
     batch norm) holds a tuple that cannot be saved, and its outputs, getitems,
     cost nothing to recompute: saving one value at a time never ends the
-    op's recompute (on the zoo CNN the fill stopped at 1.475 us of recompute
-    where the exact programme found 0.902 us, at 26 of 41 budgets)."""
+    op's recompute, which leaves a fill on the zoo CNN far costlier than
+    the exact programme (`fxckpt bench --suite solvers`)."""
     indptr, indices = problem.reader_lists
     found = []
     for j in np.flatnonzero(recomputed & (problem.cost > 0)

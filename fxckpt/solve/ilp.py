@@ -19,16 +19,16 @@ m_k = m_{k-1} + (row k - row k-1) . x, m_k <= budget - base_k. A value is
 live over one or two runs of stages, so the differences have a few entries
 per value where the rows have one per stage it is live
 (Problem.stage_steps): the same programme with a tenth of the entries,
-solved in two thirds of the time on a 58-layer GPT. The integer programme
-keeps the rows whole: with the totals HiGHS's branch and bound took 2.5
-times as long on a 4-layer GPT's frontier (4 times with highspy 1.16).
+which HiGHS solves faster. The integer programme keeps the rows whole,
+since HiGHS's branch and bound runs slower on the totals (the ILP's
+frontier time: `fxckpt bench --suite solvers`).
 Objective: sum_i cost_i r_i + sum_i transfer_i o_i
            + penalty * (PREFER_SAVE / PREFER_RECOMPUTE overridden) + eps * sum_i size_i s_i.
 The penalty exceeds any recompute cost, so a preference is overridden only
 when the budget leaves no other way; eps breaks ties towards less memory.
 Memory rows count bytes in units of the largest value (``_unit``): in bytes
-their coefficients spanned 1 to 1e5 and more, and HiGHS's presolve took a
-sixth longer on a 4-layer GPT's programmes for the same answers.
+their coefficients span 1 to 1e5 and more, which slows HiGHS's presolve
+for the same answers.
 """
 
 from __future__ import annotations
@@ -77,27 +77,23 @@ def relaxed_saved(problem: Problem, budget: float) -> tuple[np.ndarray, np.ndarr
 
 class Relaxations:
     """relaxed_saved for a series of solves (one frontier's), each going on
-    from the basis the one before ended at. Between two solves of one
+    from the basis the previous one ended at. Between two solves of one
     problem only the budget moves, which bounds the running totals alone:
     HiGHS's dual simplex goes on from the last basis instead of solving
     anew. A new problem of the same shape (a refinement: Problem.refined)
     is loaded anew, and on problems of ``_WARM_REFINED_VALUES`` values or
     more starts from that basis too.
 
-    Replaying a frontier's relaxations: compile suite's 32-layer GPT
-    (17 solves of 11 problems) 0.65 s solved anew, 0.50 s warm within a
-    problem, 0.24 s warm across refinements too; 58-layer GPT at 0.5
-    (9 of 6): 0.57, 0.57, 0.39 s. Of several optimal answers the one
-    reached depends on where the simplex starts, so the frontier's plans
-    change, within what the rounding's luck moves: against the plans made
-    anew, the same costs in geometric mean over 400 budgets on the compile
-    suite's 16- and 32-layer GPTs and the 58-layer one (the worst budget
-    +10 to +21%, the best -0.3 to -8%). On the 8-layer GPT (799 values),
-    where a frontier solves more targets and the relaxations weigh less,
-    the start is kept to its own problem: across refinements its frontier
-    fell against the exact programme's from 20 to 19 of 21 budgets within
-    5%. A frontier solves the same series whatever the budget, so a
-    budget's plan does not depend on the budgets asked before."""
+    Going on from the last basis cuts a deep GPT's relaxations by a third
+    or more (`fxckpt bench --suite solvers`). Of several optimal answers the
+    one reached depends on where the simplex starts, so the frontier's
+    plans differ from those solved anew, by what the rounding's luck moves
+    and at the same costs in geometric mean. Below
+    ``_WARM_REFINED_VALUES`` values, where a frontier solves more targets
+    and the relaxations weigh less, the start is kept to its own problem:
+    starting across refinements there costs the frontier against the exact
+    programme's. A frontier solves the same series whatever the budget, so
+    a budget's plan does not depend on the budgets asked earlier."""
 
     def __init__(self) -> None:
         self._problem: Problem | None = None

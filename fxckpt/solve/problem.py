@@ -19,13 +19,12 @@ inside a search, so a Problem carries a linear model over a few stages:
 
 Which values recompute chains run through is a guess the proxy refines from
 the plans it is checked against (``refined``): a saved value read only by
-recomputes in such a chain is held until the chain runs (tiny HF Llama:
-before this was modelled, the ILP's plans for targets from 165 KB down to
-115 KB all peaked at 142 KB or more, the proxy under by up to 20 KB at their
-peak step).
+recomputes in such a chain is held up to the point the chain runs, where
+an unheld value would leave the proxy under such plans' exact peak
+(tests/test_proxy_lifetimes.py).
 
 ``base`` is what is live at the stage whatever the plan (backward's own
-temporaries and gradients, forward values in flight). solve/stages.py picks
+temporaries and gradients, forward values in flight). solve/proxy_stages.py picks
 the stages and makes these rows.
 
 Offload, a third way to give backward a value: a value tagged *_CPU_OFFLOAD
@@ -34,7 +33,7 @@ copied out right after forward made it, so on the device it lives as an
 unsaved value does in forward and, reloaded just before backward first needs
 it, as a recomputed value does in backward; its price is the transfer time
 both ways (``transfer``) instead of recompute cost. The model is checked
-against the exact simulation after every solve; where it was optimistic the
+against the exact simulation after every solve; where it is optimistic the
 budgeted driver tightens its target and solves again.
 """
 
@@ -52,9 +51,9 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from fxckpt.types import BACKWARD, Decision, Origin, Profile, Tag, point, split_point
 from fxckpt.solve.common import run_in_forward
-from fxckpt.solve.refill import refilled
+from fxckpt.solve.constant_fills import default_constant_fills
 from fxckpt.solve.remat_classes import RematClasses, remat_classes
-from fxckpt.solve.stages import Lifetimes, stage_model
+from fxckpt.solve.proxy_stages import Lifetimes, stage_model
 
 _P = CheckpointPolicy
 _MUST_KEEP = (_P.MUST_SAVE, _P.MUST_CPU_OFFLOAD)
@@ -98,7 +97,7 @@ class Problem:
     unmaterialized: np.ndarray | None = field(default=None, repr=False)
     # Values made from no other value that a decision never saves (under
     # Inductor, see constant_fill); None: none.
-    refilled: np.ndarray | None = field(default=None, repr=False)
+    constant_fills: np.ndarray | None = field(default=None, repr=False)
     through: np.ndarray | None = field(default=None, repr=False)  # see refined()
     # How torch's own partitioner sees each value (the per-block reference).
     remat: RematClasses | None = field(default=None, repr=False)
@@ -147,8 +146,7 @@ class Problem:
         """stage_saved and stage_recomputed as differences between
         consecutive stages: a value adds its bytes over one or two runs of
         stages, so each column has a few entries where the matrices have
-        one per stage it is live (64 x 5,314 values of a 58-layer GPT:
-        115,030 entries, 12,391 here). Their cumulative sum over stages
+        one per stage it is live. Their cumulative sum over stages
         gives the rows back, exactly: bytes are whole numbers."""
         def steps(rows: np.ndarray) -> sp.csr_array:
             return sp.csr_array(np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]))))
@@ -254,8 +252,8 @@ class Problem:
     def _same_graph(self, other: "Problem") -> "Problem":
         """``other`` (this problem with other stages) given the edge lists
         this one has built: they follow from ``parents`` alone, and the
-        sweep refines the problem after every plan (a 64-layer GPT: ten
-        refinements, each rebuilding them, 0.1 s of its planning)."""
+        sweep refines the problem after every plan, and rebuilding them at
+        each refinement would add to a deep graph's planning time."""
         for name in _GRAPH_CACHES:
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]
@@ -264,11 +262,9 @@ class Problem:
     def with_stages(self, points) -> "Problem":
         """The same problem measured at these backward points too
         (``stage_names``' labels, ``types.point(BACKWARD, node)``; others
-        are ignored): the stages are a bounded few picked before any plan
-        is known, and a plan can peak between them (tiny HF GPT-2: plans
-        peaking at ``mm_12`` in the exact model, where the proxy had no
-        stage and read both a plan and one saving 16 KiB more at
-        203,396 B)."""
+        are ignored): the stages are a bounded few picked with no plan
+        known, and a plan can peak between them, where the proxy reads
+        plans of different exact peaks alike (tests/test_frontier_top.py)."""
         lifetimes = self.lifetimes
         if lifetimes is None or lifetimes.step_base is None:
             return self
@@ -361,10 +357,11 @@ def computed_after_saving(problem: Problem, computed: np.ndarray, members) -> np
     the values only they kept computed. Those lie up the chains the members
     are made from: walked from their inputs, highest-numbered first
     (forward values are numbered in program order, so every reader of a
-    value on the chain is settled before it), a value stays computed where
+    value on the chain is settled ahead of it), a value stays computed where
     backward reads it or a value still computed does. The greedy fill
-    weighs every move so, where a search over the whole graph per move
-    took 72 us of each move's 130 (a 58-layer GPT)."""
+    weighs every move so, since a search over the whole graph per move
+    would take most of each move's time on a deep graph
+    (`fxckpt bench --suite solvers`)."""
     out = computed.copy()
     members = [int(m) for m in members]
     out[members] = False
@@ -496,7 +493,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
     transfer = 2.0 * size / bandwidth if can_offload.any() else np.zeros(n)
     needed = np.array([name in profile.needed_by_backward for name in names])
     stages = stage_model(profile, names, index, size)
-    # Until a plan says otherwise, guess that values a default tag would
+    # While no plan says otherwise, guess that values a default tag would
     # recompute (views, pointwise) are the ones recomputed chains run through.
     stages["through"] = hint_recompute | ~can_save
     stages["stage_recomputed"], stages["stage_saved"] = stages["lifetimes"].rows(
@@ -510,7 +507,7 @@ def build_problem(profile: Profile, tags: dict[str, Tag], *,
                    remat=remat_classes(profile, index),
                    part=_blocks(forward, parents, _PART),
                    unmaterialized=_unmaterialized(profile, forward),
-                   refilled=refilled(profile, tags, forward) if fuses else None, **stages)
+                   constant_fills=default_constant_fills(profile, tags, forward) if fuses else None, **stages)
 
 
 
@@ -518,9 +515,9 @@ def to_decision(problem: Problem, saved: np.ndarray, recomputed: np.ndarray,
                 offloaded: np.ndarray | None = None, *,
                 solver: str, seconds: float, gap: float | None,
                 budget_bytes: int | None) -> Decision:
-    if problem.refilled is not None and (saved & problem.refilled).any():
+    if problem.constant_fills is not None and (saved & problem.constant_fills).any():
         # Made again in backward rather than kept: it has no inputs to keep.
-        moved = saved & problem.refilled
+        moved = saved & problem.constant_fills
         saved, recomputed = saved & ~moved, recomputed | moved
     if offloaded is None:
         offloaded = problem.tagged_offload(saved)

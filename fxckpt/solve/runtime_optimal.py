@@ -8,14 +8,13 @@ tags as torch.utils.checkpoint would give them (what the user asks to
 recompute is recomputed, what is preferred saved is never recomputed).
 Those bans keep recomputes where Inductor fuses them into backward's
 kernels: a reduction, a value backward must materialise anyway, a random
-op or a long fusible chain is saved. fxckpt once took the fewest saved
-bytes there instead, recomputing every op but matmuls as if each fused for
-free; on the compile suite's GPT that compiled to more kernels (22 against
-torch's 17 at one layer; torch's partition: 16, as fxckpt refills the
-constant ``iota``) and took 1.16-1.24x torch's compile at four layers,
-where torch's partition takes 0.99x (`fxckpt bench --suite compile`). It peaks
-where torch's default does (there 1,411,592 bytes compiled, against
-1,103,600): plans that save less are a budget's to choose, priced.
+op or a long fusible chain is saved. The fewest saved bytes, recomputing
+every op but matmuls as if each fused for free, compile to more kernels
+than torch's partition and slow the compile past torch's own, where
+torch's partition compiles in 0.99x its time at four layers
+(`fxckpt bench --suite compile`). It peaks where torch's default does,
+above the fewest saved bytes: plans that save less are a budget's to
+choose, priced.
 Compiled without fxckpt's fusion refusals (inductor/fusion.py), it runs
 torch.compile's kernels.
 
@@ -55,7 +54,7 @@ _PREFER_RECOMPUTE_PENALTY = 1.001
 
 def runtime_optimal(problem: Problem, *, fuses: bool = True) -> Decision:
     start = time.perf_counter()
-    # A tensor that cannot be saved was tagged MUST_RECOMPUTE (a tuple that
+    # A tensor that cannot be saved counts as tagged MUST_RECOMPUTE (a tuple that
     # cannot be saved holds no bytes: its items are saved instead).
     asked = problem.prefer_recompute | (~problem.can_save & (problem.size > 0))
     try:

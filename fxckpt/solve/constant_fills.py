@@ -21,7 +21,7 @@ def constant_fill(node, profile: Profile) -> bool:
             and node.name not in profile.backward_outputs)
 
 
-def refilled(profile: Profile, tags: dict[str, Tag], forward) -> np.ndarray:
+def default_constant_fills(profile: Profile, tags: dict[str, Tag], forward) -> np.ndarray:
     """Per forward value: a constant fill left to the defaults (a policy or
     a checkpoint region that tags it is followed)."""
     return np.array([tags[node.name].origin == Origin.DEFAULT and constant_fill(node, profile)

@@ -13,18 +13,15 @@ solve/problem.py's docstring gives the model's formulas.
 In backward, "heaviest" is taken twice: by the base, and by the base plus
 the forward values a plan saving everything still holds there. Backward
 frees forward's values as it runs, so by the base alone the heaviest
-stages are late ones, while most plans peak early: on the compile suite's
-8-layer GPT, two plans of equal cost peaked in the exact model at
-1,951,496 and 1,968,392 B at ``mm_4``, early in backward, where the proxy,
-with no stage there, read 1,825,036 B for both (at the start of backward);
-with both it reads 1,952,004 and 1,968,900 B, at ``mm_4``. Plans that
-recompute most peak late, where the base is heavy: picked by the second
-weighting alone, gpt_neox's floor under Inductor rose from 2,458,400 B to
-2,999,616 B.
+stages are late ones, while most plans peak early, where a proxy without
+a stage reads plans of different exact peaks alike; the second weighting
+holds the backward peak of saving everything (tests/test_stage_pick.py).
+Plans that recompute most peak late, where the base is heavy, so the
+second weighting alone would raise the floor.
 
 ``Lifetimes`` makes the recompute rows from which values recomputed chains
 run through, so that Problem.refined can redo them as plans show where the
-guess was wrong.
+guess is wrong.
 """
 
 from __future__ import annotations
@@ -166,8 +163,8 @@ class Lifetimes:
 
     def _saved_rows(self, first_need: np.ndarray, parents, through: np.ndarray,
                     rows: np.ndarray) -> np.ndarray:
-        """``rows`` with backward stages where a saved value is held until
-        the last recompute in ``through`` that reads it is made (at that
+        """``rows`` with backward stages where a saved value is held up to
+        the last recompute in ``through`` that reads it (at that
         recompute's first need), where that is after backward's last direct
         read of its storage."""
         n = len(self.first_bwd)

@@ -7,7 +7,7 @@ until the attention backward reads them, so a block's internals are all live
 together, as under a checkpoint per block. Recomputing such a value again
 when it is needed after a long idle stretch (and freeing the copy before)
 is nested checkpointing inside a block; it trades recompute time for a lower
-peak (Decision.again: the steps from which each new copy serves).
+peak (Decision.copy_steps: the steps from which each new copy serves).
 
 The design, and why. Checkmate's formulation (which value is computed at
 which backward stage, binary) expresses this exactly, but it multiplies the
@@ -18,7 +18,7 @@ is not. Instead, for a plan whose saved set is fixed, each recomputed value's
 backward needs (direct reads, and the copies of the recomputed values that
 read it) are grouped: a need more than ``gap`` steps after the one before
 starts a new copy. ``gap`` sweeps from "every distinct step" to "never", and
-the exact memory model picks among the plans (solve/frontier.py). Numbers
+the exact memory model picks among the plans (solve/frontier). Numbers
 in (the proxy's backward lifetimes), steps out.
 """
 
