@@ -22,7 +22,22 @@ _EAGER_NAMES: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
 
 def name(tensor: torch.Tensor, value_name: str) -> torch.Tensor:
-    """Name ``tensor`` for ``fxckpt.policies.save_names``; returns it unchanged."""
+    """Name ``tensor`` for ``fxckpt.policies.save_names``.
+
+    Args:
+        tensor: a tensor of the forward (eager or being compiled).
+        value_name: a non-empty name the policy can ask for.
+
+    Returns:
+        ``tensor`` unchanged.
+
+    Raises:
+        TypeError: ``value_name`` is not a non-empty str, or ``tensor`` is
+            not a tensor.
+
+    Example:
+        >>> h = fxckpt.name(self.attn(x), "attn_out")
+    """
     if not isinstance(value_name, str) or not value_name:
         raise TypeError(f"fxckpt.name: a value's name is a non-empty str, got {value_name!r}")
     if torch.compiler.is_compiling() or isinstance(tensor, torch.fx.Proxy):

@@ -81,7 +81,23 @@ class Budget:
 
 
 def parse_budget(value: Any) -> Budget | None:
-    """Read a user budget; raise ValueError naming the accepted forms."""
+    """Read a user budget.
+
+    Args:
+        value: None, a positive number of bytes (int), a string with units
+            ("512MiB", "2GB"), a fraction in [0, 1] (a float, "0.5" or
+            "50%"), "fit", or a ``Budget``.
+
+    Returns:
+        The ``Budget``, or None for no budget.
+
+    Raises:
+        ValueError: ``value`` is none of those; the message names the forms.
+
+    Example:
+        >>> fxckpt.parse_budget("512MiB").bytes
+        536870912
+    """
     if value is None:
         return None
     if isinstance(value, Budget):

@@ -56,36 +56,53 @@ def checkpoint(function: Callable, *args, use_reentrant: Optional[bool] = None,
 
     The arguments are those of ``torch.utils.checkpoint.checkpoint`` with
     ``use_reentrant=False``; only keyword arguments not listed here go to
-    ``function``.
-
-    ``policy``: anything ``fxckpt.policies.resolve_policy`` accepts (for
-    example ``save_matmuls()``); None recomputes every op in backward, like
-    ``torch.utils.checkpoint.checkpoint``. The policy is asked once per op of
-    the forward, with real tensors as arguments; the ops it saves (MUST_ or
-    PREFER_SAVE; offloading is not done here, those outputs stay in place) are
-    not run again. Ops that write in place or return views always run again.
-    ``use_reentrant``: None or False; True raises (there is no reentrant
-    variant: call ``torch.utils.checkpoint.checkpoint`` for it).
-    ``context_fn``: returns (forward context, recomputation context), entered
-    around the forward and each recomputation, as in torch. The contexts made
-    by ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` act as
-    its ``policy_fn`` passed as ``policy``.
-    ``preserve_rng_state``: replay random ops (dropout) bit for bit.
-    ``determinism_check``: "default" raises ``RecomputeMismatchError`` when
-    the recomputation runs other ops, or gives other shapes or dtypes, than
-    the forward; "none" skips the check.
-    ``debug``: a mismatch error lists the ops of the forward and of the
-    recomputation (also on under ``torch.utils.checkpoint.set_checkpoint_debug_enabled``).
-    ``early_stop``: stop the recomputation once it has recomputed every saved
-    tensor (default True; ``torch.utils.checkpoint.set_checkpoint_early_stop``
-    overrides it, as in torch). False runs the whole function again.
+    ``function``. The policy is asked once per op of the forward, with real
+    tensors as arguments; the ops it saves (MUST_ or PREFER_SAVE; offloading
+    is not done here, those outputs stay in place) are not run again. Ops
+    that write in place or return views always run again.
 
     Under ``torch.compile`` (``fullgraph=True`` included) the call is traced
-    as ``torch.utils.checkpoint.checkpoint`` is, into a region of the compiled
-    graph whose selective-checkpoint contexts ask ``policy``
-    (fxckpt/policies/torch_regions.py): torch's compiler, or fxckpt's backend,
-    recomputes it in the compiled backward, and ``early_stop`` and the
-    per-op determinism check do not apply there.
+    as ``torch.utils.checkpoint.checkpoint`` is, into a region of the
+    compiled graph whose selective-checkpoint contexts ask ``policy``
+    (fxckpt/policies/torch_regions.py): torch's compiler, or fxckpt's
+    backend, recomputes it in the compiled backward, and ``early_stop`` and
+    the per-op determinism check do not apply there.
+
+    Args:
+        function: what to run; ``*args`` and the keyword arguments not
+            listed here are its arguments.
+        use_reentrant: None or False (there is no reentrant variant: call
+            ``torch.utils.checkpoint.checkpoint`` for it).
+        context_fn: returns (forward context, recomputation context),
+            entered around the forward and each recomputation, as in torch.
+            The contexts ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
+            makes act as its ``policy_fn`` passed as ``policy``.
+        determinism_check: "default" checks that the recomputation runs the
+            forward's ops with its shapes and dtypes; "none" skips the check.
+        debug: a mismatch error lists the ops of the forward and of the
+            recomputation (also on under
+            ``torch.utils.checkpoint.set_checkpoint_debug_enabled``).
+        early_stop: stop the recomputation once it has recomputed every
+            saved tensor (default True;
+            ``torch.utils.checkpoint.set_checkpoint_early_stop`` overrides
+            it, as in torch). False runs the whole function again.
+        preserve_rng_state: replay random ops (dropout) bit for bit.
+        policy: anything ``fxckpt.policies.resolve_policy`` accepts (for
+            example ``save_matmuls()``); None recomputes every op in
+            backward, like ``torch.utils.checkpoint.checkpoint``.
+
+    Returns:
+        What ``function`` returns.
+
+    Raises:
+        FxckptError: ``use_reentrant=True``.
+        ValueError: an unknown ``determinism_check``.
+        RecomputeMismatchError: under "default", the recomputation ran
+            other ops, or gave other shapes or dtypes, than the forward.
+
+    Example:
+        >>> from fxckpt.policies import save_matmuls
+        >>> y = fxckpt.checkpoint(block, x, policy=save_matmuls())
     """
     _check_arguments(use_reentrant, determinism_check)
     if torch.compiler.is_compiling():
@@ -163,10 +180,25 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: Option
                           **kwargs):
     """``torch.utils.checkpoint.checkpoint_sequential`` with ``fxckpt.checkpoint``.
 
-    Runs ``functions`` (an ``nn.Sequential`` or a list of modules or
-    functions, each taking and returning one value) in ``segments`` chunks;
-    every chunk but the last is checkpointed. ``kwargs`` (``policy``,
-    ``preserve_rng_state``, ``early_stop``, ...) go to each ``checkpoint``.
+    Args:
+        functions: an ``nn.Sequential`` or a list of modules or functions,
+            each taking and returning one value.
+        segments: how many chunks to run them in; every chunk but the last
+            is checkpointed.
+        input: the first function's input.
+        use_reentrant: None or False, as for ``checkpoint``.
+        **kwargs: go to each ``checkpoint`` (``policy``,
+            ``preserve_rng_state``, ``early_stop``, ...).
+
+    Returns:
+        The last function's output.
+
+    Raises:
+        FxckptError: ``use_reentrant=True``.
+        ValueError: ``segments`` outside 1 to the number of functions.
+
+    Example:
+        >>> y = fxckpt.checkpoint_sequential(model.layers, 2, x)
     """
     _check_arguments(use_reentrant, kwargs.get("determinism_check", "default"))
     if isinstance(functions, torch.nn.Sequential):
