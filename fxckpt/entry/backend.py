@@ -75,7 +75,7 @@ class Backend:
         self.ledger = StepLedger()
         self.state = StepState()
         self.replans = 0              # graphs re-planned once the step's runs were seen
-        self._sources: dict[int, tuple[fx.GraphModule, list[Any]]] = {}
+        self._sources: dict[int, tuple[fx.GraphModule, list[Any], dict]] = {}
         self._sizes = SizesSeen()
         # Steps' measured peaks on a CUDA device under a byte budget, and the
         # corrections made for them (memory/measured.py).
@@ -152,7 +152,7 @@ class Backend:
                               fused=self.options.compiler == "inductor")
             runner.size_check = lambda args: self._check_sizes(check, args)
         if source is not None and entry.plan is not None:
-            self._sources[id(entry)] = source
+            self._sources[id(entry)] = (*source, sizes)
         if self.on_graph is not None:
             self.on_graph(gm, entry)
         # Without a byte budget nothing needs the runs counted: the graph
@@ -198,7 +198,8 @@ class Backend:
         if own_floor is None and self.options.compiler == "inductor":
             # Under Inductor the lowest compiled peak can lie far below the
             # memory model's floor plan's; under compiler="eager" they are one plan.
-            own_floor = self.graphs.own_floor(gm, example_inputs, self.options, sizes)
+            floor_plan = self.graphs.floor_plan(gm, example_inputs, self.options, sizes)
+            own_floor = floor_plan.peak_bytes if floor_plan is not None else None
         # At its own floor: the plan its planning named as the lowest (under
         # Inductor the lowest compiled peak, which the memory model's floor
         # plan can compile far above), else the memory model's floor.
@@ -385,9 +386,10 @@ class Backend:
         order = self.ledger.run_order()
         for entry in order:
             if entry.runs > 1 and entry.frontier:
-                gm, example_inputs = self._sources[id(entry)]
+                gm, example_inputs, _ = self._sources[id(entry)]
                 entry.frontier = self.graphs.frontier_for_runs(gm, example_inputs,
                                                                self.options, entry.runs)
+            self._learn_floor_point(entry)
         graphs, runs_in_order = self._step_graphs()
         try:
             at_floor, choice = allocate_step(graphs, runs_in_order, budget, regions,
@@ -411,6 +413,22 @@ class Backend:
                     f"planned with the step's {len(graphs)} graph(s) and {len(regions)} "
                     f"fallback region(s) for a step peak of {format_bytes(peak)}"))
 
+    def _learn_floor_point(self, entry: LedgerEntry) -> None:
+        """Under Inductor, give an entry that fitted its share the compiled
+        floor point a refused one has (``floor_point``): the frontier's
+        lowest point is the memory model's, which its compiled code can peak
+        over, so a step planned from it can ask a graph for less than any
+        of its compiles reaches, and the step's floor named from compiled
+        points would then be refused (tests/test_inductor_floor.py)."""
+        if self.options.compiler != "inductor" or entry.floor_point is not None \
+                or not entry.frontier or id(entry) not in self._sources:
+            return
+        gm, example_inputs, sizes = self._sources[id(entry)]
+        plan = self.graphs.floor_plan(gm, example_inputs, self.options, sizes)
+        if plan is not None:
+            entry.floor_point = (plan.peak_bytes, plan.saved_bytes,
+                                 max((cost for _, _, cost in entry.frontier), default=0.0))
+
     def _step_graphs(self, *, current: bool = False) -> tuple[list, list[int]]:
         """The last step's graphs as ``ledger.step_items`` reads them: (runs,
         frontier points -- or only the current plan's --, gradient bytes) in
@@ -425,7 +443,7 @@ class Backend:
     def _recompile(self, entry: LedgerEntry, step_peak: int, runs: int, *, note: str) -> None:
         """Compile the entry's graph again with the frontier plan whose peak
         plus its other runs' saved bytes is ``step_peak``."""
-        gm, example_inputs = self._sources[id(entry)]
+        gm, example_inputs, _ = self._sources[id(entry)]
         plan, compiled = self.graphs.recompile(gm, example_inputs, self.options, step_peak, runs)
         plan = self._noted(plan)
         entry.plan = replace(plan, notes=plan.notes + (note,))

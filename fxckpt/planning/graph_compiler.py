@@ -38,17 +38,16 @@ class GraphCompiler:
             compiled = self.compile_fn(gm, example_inputs, planner)
         return planner, compiled
 
-    def own_floor(self, gm: fx.GraphModule, example_inputs: list[Any], options: Options,
-                  sizes: dict) -> int | None:
-        """The peak of the graph's floor plan: under Inductor the lowest
-        compiled peak of three plans (capture.py's ``_lowest``), which can lie
-        far below the compiled peak of the memory model's floor plan (HF
-        ConvNeXt); None where the compile was served from caches without
-        its plan."""
+    def floor_plan(self, gm: fx.GraphModule, example_inputs: list[Any], options: Options,
+                   sizes: dict) -> Plan | None:
+        """The graph's floor plan: under Inductor the lowest compiled peak of
+        three plans (capture.py's ``_lowest``), which can lie far below the
+        compiled peak of the memory model's floor plan (HF ConvNeXt); None
+        where the compile was served from caches without its plan."""
         planner = Planner(options, request=Floor())
         with at_sizes(sizes):
             self.compile_fn(copy_of_dynamo_graph(gm), example_inputs, planner)
-        return planner.plans[-1].peak_bytes if planner.plans else None
+        return planner.plans[-1] if planner.plans else None
 
     def frontier_for_runs(self, gm: fx.GraphModule, example_inputs: list[Any],
                           options: Options, runs: int) -> tuple:
