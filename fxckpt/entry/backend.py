@@ -142,8 +142,7 @@ class Backend:
                             frontier=planner.frontiers_seen[-1]
                             if planner.frontiers_seen else ())
         if own_floor is not None and entry.plan is not None:
-            entry.floor_point = (entry.plan.peak_bytes, entry.plan.saved_bytes,
-                                 max((cost for _, _, cost in entry.frontier), default=0.0))
+            entry.floor_point = _floor_point(entry.plan, entry.frontier)
         runner.entry = entry
         self.ledger.add(entry)
         if entry.plan is not None and asked is not None and SizeCheck.needed(gm):
@@ -426,8 +425,7 @@ class Backend:
         gm, example_inputs, sizes = self._sources[id(entry)]
         plan = self.graphs.floor_plan(gm, example_inputs, self.options, sizes)
         if plan is not None:
-            entry.floor_point = (plan.peak_bytes, plan.saved_bytes,
-                                 max((cost for _, _, cost in entry.frontier), default=0.0))
+            entry.floor_point = _floor_point(plan, entry.frontier)
 
     def _step_graphs(self, *, current: bool = False) -> tuple[list, list[int]]:
         """The last step's graphs as ``ledger.step_items`` reads them: (runs,
@@ -460,6 +458,12 @@ class Backend:
 
 # Corrections of a step's plans for bytes measured beyond the memory model's.
 _CORRECTIONS = 3
+
+
+def _floor_point(plan: Plan, frontier: tuple) -> tuple[int, int, float]:
+    """A floor plan as a frontier point (peak, saved bytes, cost): the
+    dearest of the frontier's costs, as the floor recomputes the most."""
+    return (plan.peak_bytes, plan.saved_bytes, max((cost for _, _, cost in frontier), default=0.0))
 
 
 def _compiled_points(entry: LedgerEntry) -> tuple:
